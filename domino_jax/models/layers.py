@@ -1,0 +1,143 @@
+"""Building blocks shared by the target and the DFlash drafter: RMSNorm, RoPE, attention, MLP.
+
+Conventions (algorithms.md §1.3):
+* RMSNorm computes in float32 and casts back to the input dtype *before* the weight multiply.
+* RoPE is half-split ("rotate_half"), tables computed in float32 and cast to the activation dtype.
+* Attention: grouped-query (query head ``j`` reads kv head ``j // (nH / nKV)``), scores and
+  softmax in float32, probabilities cast back to the value dtype.
+* Parameter names mirror Hugging Face (``q_proj/kernel``, ``input_layernorm/weight``) so the
+  converters are short tables. Dense kernels are ``[in, out]`` (HF stores ``[out, in]``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+Dtype = Any
+MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: fully masked rows give no NaN
+
+
+class RMSNorm(nn.Module):
+    """``w * cast(x / rms(x))`` over the last axis; statistics in float32."""
+
+    eps: float = 1e-6
+    dtype: Dtype = jnp.bfloat16
+    param_dtype: Dtype = jnp.bfloat16
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        weight = self.param("weight", nn.initializers.ones, (x.shape[-1],), self.param_dtype)
+        xf = x.astype(jnp.float32)
+        normed = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        return weight.astype(self.dtype) * normed.astype(self.dtype)
+
+
+def rope_tables(positions: jax.Array, head_dim: int, theta: float, dtype: Dtype):
+    """cos/sin tables ``[..., head_dim]`` for integer ``positions [...]`` (half-split layout)."""
+    exponents = jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim
+    inv_freq = 1.0 / (theta ** exponents)                                  # [D/2]
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq           # [..., D/2]
+    emb = jnp.concatenate([angles, angles], axis=-1)                       # [..., D]
+    return jnp.cos(emb).astype(dtype), jnp.sin(emb).astype(dtype)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate ``x [B, T, heads, D]`` with tables ``[B, T, D]``."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array) -> jax.Array:
+    """Grouped-query attention, plain JAX.
+
+    Args:
+      q: ``[B, T, nH, D]`` queries (already rotated).
+      k, v: ``[B, S, nKV, D]`` keys (rotated) and values.
+      visible: bool ``[B, T, S]``; ``True`` where query t may read key s.
+    Returns:
+      ``[B, T, nH, D]`` in ``v.dtype``. Rows with no visible key return zeros-weighted
+      averages of finite values (no NaN).
+    """
+    batch, q_len, num_heads, head_dim = q.shape
+    num_kv = k.shape[2]
+    group = num_heads // num_kv
+    q = q.reshape(batch, q_len, num_kv, group, head_dim)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = scores * (head_dim ** -0.5)
+    scores = jnp.where(visible[:, None, None, :, :], scores, MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(batch, q_len, num_heads, head_dim)
+
+
+class MLP(nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+
+    intermediate_size: int
+    dtype: Dtype = jnp.bfloat16
+    param_dtype: Dtype = jnp.bfloat16
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        dense = lambda n, name: nn.Dense(n, use_bias=False, dtype=self.dtype,
+                                         param_dtype=self.param_dtype, name=name)
+        hidden = nn.silu(dense(self.intermediate_size, "gate_proj")(x)) * \
+            dense(self.intermediate_size, "up_proj")(x)
+        return dense(x.shape[-1], "down_proj")(hidden)
+
+
+class Attention(nn.Module):
+    """Self-attention with optional per-head q/k RMSNorm (Qwen3) and q/k/v bias (Qwen2).
+
+    The module only projects (``project_q``, ``project_kv``, ``output``); where keys and
+    values come from (a KV cache, the drafter's extra context) is the caller's business.
+    """
+
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    qk_norm: bool
+    qkv_bias: bool
+    eps: float = 1e-6
+    dtype: Dtype = jnp.bfloat16
+    param_dtype: Dtype = jnp.bfloat16
+
+    def setup(self):
+        kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+        self.q_proj = nn.Dense(self.num_heads * self.head_dim, use_bias=self.qkv_bias, **kw)
+        self.k_proj = nn.Dense(self.num_kv_heads * self.head_dim, use_bias=self.qkv_bias, **kw)
+        self.v_proj = nn.Dense(self.num_kv_heads * self.head_dim, use_bias=self.qkv_bias, **kw)
+        self.o_proj = nn.Dense(self.hidden_size, use_bias=False, **kw)
+        if self.qk_norm:
+            self.q_norm = RMSNorm(self.eps, **kw)
+            self.k_norm = RMSNorm(self.eps, **kw)
+
+    def project_kv(self, h: jax.Array, positions: jax.Array):
+        """Keys (normed, rotated) and values ``[B, T, nKV, D]`` for inputs ``h [B, T, H]``."""
+        batch, length, _ = h.shape
+        k = self.k_proj(h).reshape(batch, length, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(h).reshape(batch, length, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            k = self.k_norm(k)
+        cos, sin = rope_tables(positions, self.head_dim, self.rope_theta, k.dtype)
+        return apply_rope(k, cos, sin), v
+
+    def project_q(self, h: jax.Array, positions: jax.Array):
+        batch, length, _ = h.shape
+        q = self.q_proj(h).reshape(batch, length, self.num_heads, self.head_dim)
+        if self.qk_norm:
+            q = self.q_norm(q)
+        cos, sin = rope_tables(positions, self.head_dim, self.rope_theta, q.dtype)
+        return apply_rope(q, cos, sin)
+
+    def output(self, attn: jax.Array) -> jax.Array:
+        """``o_proj`` of ``attn [B, T, nH, D]`` -> ``[B, T, hidden_size]``."""
+        batch, length = attn.shape[:2]
+        return self.o_proj(attn.reshape(batch, length, -1))
