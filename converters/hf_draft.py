@@ -1,0 +1,93 @@
+"""Released DFlash / Domino draft checkpoints <-> domino_jax draft params.
+
+    config, params = load_draft("path/to/draft", dtype=jnp.bfloat16)
+    params["backbone"]   # DFlashBackbone params (models/dflash.py)
+    params["head"]       # Domino head params (models/domino_head.py), Domino only
+    export_draft(config, params, "out_folder")       # exact round trip, released format
+
+HF keys carry no ``model.`` prefix (``fc.weight``, ``layers.0.self_attn.q_proj.weight``);
+a ``model.`` prefix is accepted on import. The drafter has no embedding / LM head (it
+borrows the target's), so a checkpoint carrying ``embed_tokens``/``lm_head`` copies is
+reported as unexpected.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from converters.table import (CheckpointError, Rule, hf_to_params, params_to_hf, read_tensors,
+                              write_tensors)
+from domino_jax.config import DraftConfig
+from domino_jax.models.dflash import param_shapes
+from domino_jax.models.domino_head import head_param_shapes
+
+_L = "layers.{i}."
+_P = "backbone/layers_{i}/"
+BACKBONE_RULES = [
+    Rule("fc.weight", "backbone/fc/kernel", "T"),
+    Rule("hidden_norm.weight", "backbone/hidden_norm/weight"),
+    Rule("norm.weight", "backbone/norm/weight"),
+    Rule(_L + "input_layernorm.weight", _P + "input_layernorm/weight"),
+    Rule(_L + "post_attention_layernorm.weight", _P + "post_attention_layernorm/weight"),
+    Rule(_L + "self_attn.q_norm.weight", _P + "self_attn/q_norm/weight"),
+    Rule(_L + "self_attn.k_norm.weight", _P + "self_attn/k_norm/weight"),
+    *[Rule(_L + f"self_attn.{n}.weight", _P + f"self_attn/{n}/kernel", "T")
+      for n in ("q_proj", "k_proj", "v_proj", "o_proj")],
+    *[Rule(_L + f"mlp.{n}.weight", _P + f"mlp/{n}/kernel", "T")
+      for n in ("gate_proj", "up_proj", "down_proj")],
+]
+HEAD_RULES = [
+    Rule("prefix_gru.weight_ih_l0", "head/prefix_gru/weight_ih", "T"),
+    Rule("prefix_gru.weight_hh_l0", "head/prefix_gru/weight_hh", "T"),
+    Rule("embed_proj.0.weight", "head/embed_proj_0/kernel", "T"),
+    Rule("embed_proj.2.weight", "head/embed_proj_2/kernel", "T"),
+]
+DRAFT_RULES = BACKBONE_RULES + HEAD_RULES
+_IGNORED = [r"rotary_emb\.inv_freq$"]
+
+
+def draft_param_shapes(config: DraftConfig, dtype=jnp.bfloat16) -> dict:
+    """``{"backbone": ..., "head": ...}`` ``ShapeDtypeStruct`` tree (head only for Domino)."""
+    shapes = {"backbone": param_shapes(config, dtype)}
+    if config.has_domino_head:
+        shapes["head"] = head_param_shapes(config, dtype)
+    return shapes
+
+
+def convert_draft_tensors(config: DraftConfig, tensors: dict[str, np.ndarray], where: str,
+                          dtype=jnp.bfloat16) -> dict:
+    """HF draft tensors -> ``{"backbone", "head"}`` numpy params cast to ``dtype``."""
+    stripped = {}
+    for key, value in tensors.items():
+        plain = key[len("model."):] if key.startswith("model.") else key
+        if plain in stripped:
+            raise CheckpointError(f"{where}: tensor {plain!r} appears with and without the "
+                                  "'model.' prefix")
+        stripped[plain] = value
+    return hf_to_params(stripped, DRAFT_RULES, draft_param_shapes(config), where,
+                        ignore=_IGNORED, dtype=np.dtype(dtype))
+
+
+def load_draft(path: str, dtype=jnp.bfloat16) -> tuple[DraftConfig, dict]:
+    """Config and params (``jax.Array`` s of ``dtype``) from a draft checkpoint folder."""
+    config = DraftConfig.from_path(path)
+    params = convert_draft_tensors(config, read_tensors(path), path, dtype)
+    return config, jax.tree_util.tree_map(jnp.asarray, params)
+
+
+def export_draft(config: DraftConfig, params: dict, path: str) -> None:
+    """Write ``config.json`` (released ``DFlashDraftModel`` format) + ``model.safetensors``."""
+    expected = set(draft_param_shapes(config))
+    if set(params) != expected:
+        raise CheckpointError(f"draft params have parts {sorted(params)}, config "
+                              f"(projector_type={config.projector_type!r}) expects "
+                              f"{sorted(expected)}")
+    tensors = params_to_hf(jax.tree_util.tree_map(np.asarray, params), DRAFT_RULES)
+    write_tensors(tensors, path)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config.to_hf_dict(), f, indent=2)

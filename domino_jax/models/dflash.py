@@ -1,0 +1,199 @@
+"""The DFlash block backbone (algorithms.md §2.3), shared by DFlash and Domino drafters.
+
+Used as a pure function::
+
+    backbone = DFlashBackbone(draft_config)             # dtype bf16 by default
+    draft_hidden, draft_cache = backbone.apply(
+        {"params": params["backbone"]}, context_features, context_positions, context_lengths,
+        block_embeds, block_positions, draft_cache)
+
+* ``context_features [B, Tc, n*H]``: concatenation of the target's hidden taps
+  ``hs[id + 1]`` for ``id`` in ``target_layer_ids`` of the *new* context tokens (the tokens
+  committed since the previous draft call); only the first ``context_lengths[b]`` rows of
+  row ``b`` are real, the rest is padding (invisible, never committed).
+* ``block_embeds [B, Bk, H]``: the *target's* embeddings of the block ``[root, MASK, ...]``.
+  The drafter has no embedding and no LM head of its own: the caller borrows the target's.
+* ``ctx = RMSNorm(fc(context_features), hidden_norm)`` is shared by every layer: each layer
+  projects it with its own ``k_proj``/``v_proj`` (+ ``k_norm``, RoPE at the context
+  positions) and prepends it to the block's keys/values.
+* Block queries attend **non-causally** to every committed cache slot, the real new context
+  rows and the whole block.
+* The draft cache keeps only context: per layer the K/V of the ``Tc`` new context rows are
+  written at slots ``lengths .. lengths + Tc - 1`` and the block's K/V after them (slots
+  ``lengths + Tc ..``, scratch); the returned cache has ``lengths += context_lengths``, so the
+  block and the padding rows are beyond the committed length (invisible, overwritten later).
+  Capacity must hold ``committed + Tc + Bk`` slots (writes past it are dropped).
+
+Parameter tree (mirrors HF names, no ``model.`` prefix): ``fc/kernel [n*H, H]``,
+``hidden_norm/weight [H]``, ``layers_{i}/{input_layernorm,post_attention_layernorm}/weight``,
+``layers_{i}/self_attn/{q,k,v,o}_proj/kernel``, ``layers_{i}/self_attn/{q,k}_norm/weight``,
+``layers_{i}/mlp/{gate,up,down}_proj/kernel``, ``norm/weight``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from domino_jax.config import DraftConfig
+from domino_jax.kv_cache import KVCache
+from domino_jax.models.layers import MLP, Attention, RMSNorm, attend
+
+Dtype = Any
+
+
+def draft_key_visibility(committed_lengths: jax.Array, context_lengths: jax.Array,
+                         context_rows: int, block_len: int, num_keys: int) -> jax.Array:
+    """Which key slots the block queries read: bool ``[B, block_len, num_keys]``.
+
+    New keys sit at slots ``committed + u`` for ``u`` in ``0 .. context_rows + block_len - 1``
+    (context rows first, then the block). Visible: every committed slot, the first
+    ``context_lengths[b]`` context rows, and the whole block (non-causal). Every block query
+    sees the same keys.
+    """
+    rel = jnp.arange(num_keys)[None, :] - committed_lengths[:, None]          # [B, S]
+    visible = ((rel < 0)
+               | ((rel >= 0) & (rel < context_lengths[:, None]))
+               | ((rel >= context_rows) & (rel < context_rows + block_len)))
+    return jnp.broadcast_to(visible[:, None, :], (visible.shape[0], block_len, num_keys))
+
+
+class DraftLayer(nn.Module):
+    """One Qwen3 decoder layer whose keys/values also include the shared context ``ctx``."""
+
+    config: DraftConfig
+    dtype: Dtype = jnp.bfloat16
+    param_dtype: Dtype = jnp.bfloat16
+
+    def setup(self):
+        c = self.config
+        kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+        self.input_layernorm = RMSNorm(c.rms_norm_eps, **kw)
+        self.post_attention_layernorm = RMSNorm(c.rms_norm_eps, **kw)
+        self.self_attn = Attention(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
+                                   c.rope_theta, qk_norm=True, qkv_bias=False,
+                                   eps=c.rms_norm_eps, **kw)
+        self.mlp = MLP(c.intermediate_size, **kw)
+
+    def __call__(self, x, ctx, context_positions, block_positions, visible,
+                 cache: KVCache | None, layer_index: int):
+        """``x [B, Bk, H]`` block stream, ``ctx [B, Tc, H]`` shared context -> ``(x', cache')``."""
+        h = self.input_layernorm(x)
+        q = self.self_attn.project_q(h, block_positions)                  # [B, Bk, nH, D]
+        k_ctx, v_ctx = self.self_attn.project_kv(ctx, context_positions)  # [B, Tc, nKV, D]
+        k_blk, v_blk = self.self_attn.project_kv(h, block_positions)      # [B, Bk, nKV, D]
+        k = jnp.concatenate([k_ctx, k_blk], axis=1)
+        v = jnp.concatenate([v_ctx, v_blk], axis=1)
+        if cache is not None:
+            cache = cache.write_layer(layer_index, k, v)
+            k, v = cache.keys[layer_index], cache.values[layer_index]
+        x = x + self.self_attn.output(attend(q, k, v, visible))
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, cache
+
+
+class DFlashBackbone(nn.Module):
+    """DFlash backbone: ``fc`` + ``hidden_norm`` over the taps, Qwen3 layers, final ``norm``."""
+
+    config: DraftConfig
+    dtype: Dtype = jnp.bfloat16
+    param_dtype: Dtype = jnp.bfloat16
+
+    def setup(self):
+        c = self.config
+        kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+        self.fc = nn.Dense(c.hidden_size, use_bias=False, **kw)
+        self.hidden_norm = RMSNorm(c.rms_norm_eps, **kw)
+        self.layers = [DraftLayer(c, **kw) for _ in range(c.num_layers)]
+        self.norm = RMSNorm(c.rms_norm_eps, **kw)
+
+    def __call__(self, context_features: jax.Array, context_positions: jax.Array,
+                 context_lengths: jax.Array, block_embeds: jax.Array,
+                 block_positions: jax.Array, cache: KVCache | None = None
+                 ) -> tuple[jax.Array, KVCache | None]:
+        """One draft forward over a block.
+
+        Args:
+          context_features: ``[B, Tc, n*H]`` taps of the new context tokens (``Tc`` may be 0).
+          context_positions: ``[B, Tc]`` int32 absolute positions of those tokens.
+          context_lengths: ``[B]`` int32, real rows among the ``Tc`` (rest is padding).
+          block_embeds: ``[B, Bk, H]`` target embeddings of ``[root, MASK, ...]``.
+          block_positions: ``[B, Bk]`` int32 absolute positions of the block slots.
+          cache: the draft cache of earlier context (``None``: no earlier context, nothing
+            is stored).
+        Returns:
+          ``draft_hidden [B, Bk, H]`` (final-normed, ``dtype``; feed it to the target's LM
+          head) and the cache with the new context committed (``lengths += context_lengths``).
+        """
+        batch, context_rows, _ = context_features.shape
+        block_len = block_embeds.shape[1]
+        context_lengths = jnp.asarray(context_lengths, jnp.int32)
+        ctx = self.hidden_norm(self.fc(context_features.astype(self.dtype)))   # [B, Tc, H]
+        if cache is None:
+            committed = jnp.zeros((batch,), jnp.int32)
+            num_keys = context_rows + block_len
+        else:
+            committed = cache.lengths
+            num_keys = cache.capacity
+        visible = draft_key_visibility(committed, context_lengths, context_rows, block_len,
+                                       num_keys)
+        x = block_embeds.astype(self.dtype)
+        for i, layer in enumerate(self.layers):
+            x, cache = layer(x, ctx, context_positions, block_positions, visible, cache, i)
+        draft_hidden = self.norm(x)
+        if cache is not None:
+            cache = cache.advance(context_lengths)
+        return draft_hidden, cache
+
+
+def target_tap_ids(config: DraftConfig) -> tuple[int, ...]:
+    """HF hidden-state indices the drafter reads: ``id + 1`` for each target layer id."""
+    return tuple(i + 1 for i in config.target_layer_ids)
+
+
+def context_features(config: DraftConfig, taps, final_hidden: jax.Array) -> jax.Array:
+    """Concatenate target taps into the drafter's ``[B, T, n*H]`` context features.
+
+    Args:
+      taps: one ``[B, T, H]`` per entry of :func:`target_tap_ids`, pre-final-norm (as
+        ``TargetLM(..., tap_ids=target_tap_ids(cfg))`` returns them).
+      final_hidden: ``[B, T, H]`` the target's final-normed hidden states.
+    HF ``output_hidden_states`` (which the reference drafters were trained on) replaces its
+    *last* entry ``hs[num_layers]`` by the final-normed state, so a tap of the last target
+    layer (``id == num_target_layers - 1``) reads ``final_hidden`` here.
+    """
+    chosen = [final_hidden if tap == config.num_target_layers else tap_value
+              for tap, tap_value in zip(target_tap_ids(config), taps)]
+    return jnp.concatenate(chosen, axis=-1)
+
+
+def new_draft_cache(config: DraftConfig, batch: int, capacity: int,
+                    dtype=jnp.bfloat16) -> KVCache:
+    """Empty draft cache ``[layers, batch, capacity, kv_heads, head_dim]``.
+
+    ``capacity`` must cover the longest context plus one round's ``Tc + block_size`` scratch.
+    """
+    return KVCache.create(config.num_layers, batch, capacity, config.num_kv_heads,
+                          config.head_dim, dtype)
+
+
+def _dummy_inputs(config: DraftConfig, make):
+    n_h = config.num_taps * config.hidden_size
+    return (make((1, 1, n_h), jnp.float32), make((1, 1), jnp.int32), make((1,), jnp.int32),
+            make((1, 2, config.hidden_size), jnp.float32), make((1, 2), jnp.int32))
+
+
+def init_params(config: DraftConfig, rng: jax.Array, dtype=jnp.float32) -> Any:
+    """Random backbone parameters (tests and fresh training runs)."""
+    model = DFlashBackbone(config, dtype=dtype, param_dtype=dtype)
+    return model.init(rng, *_dummy_inputs(config, jnp.zeros))["params"]
+
+
+def param_shapes(config: DraftConfig, dtype=jnp.bfloat16) -> Any:
+    """Backbone parameter ``ShapeDtypeStruct`` tree without allocating."""
+    model = DFlashBackbone(config, dtype=dtype, param_dtype=dtype)
+    inputs = _dummy_inputs(config, jax.ShapeDtypeStruct)
+    return jax.eval_shape(lambda *a: model.init(jax.random.PRNGKey(0), *a), *inputs)["params"]
