@@ -143,7 +143,7 @@ def prefill(target: TargetLM, drafter, config: DecodeConfig, target_params, draf
     done = (_first_stop(first[:, None], num_out, config.stop_token_ids) == 0)
     done |= config.max_new_tokens <= 1
     if drafter is not None:
-        features = jnp.concatenate(out.taps, axis=-1)
+        features = drafter.context_features(out)
         draft_cache = drafter.ingest_prompt(target_params, draft_params, features, positions,
                                             prompt_len, capacity)
         context = jnp.zeros((batch, width, features.shape[-1]), features.dtype)
@@ -192,7 +192,7 @@ def _round(target: TargetLM, drafter, config: DecodeConfig, target_params, draft
     done = state.done | (live & (hit_stop | (num_out >= config.max_new_tokens)))
     target_cache = out.cache.advance(jnp.where(live, accepted + 1, 0))
     if drafter is not None:
-        context = jnp.concatenate(out.taps, axis=-1)
+        context = drafter.context_features(out)
         context_len = jnp.where(live, accepted + 1, 0)
     else:
         context, context_len = state.context, state.context_len

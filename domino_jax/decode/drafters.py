@@ -1,0 +1,136 @@
+"""Chain drafters for the generate loop: DFlash (backbone only) and Domino (backbone + head).
+
+A drafter is a static, hashable description (configs and modules, no arrays); parameters
+travel as pytrees through the jitted functions. The loop calls:
+
+* ``num_drafts`` (K) and ``tap_ids`` (the target hidden taps it needs);
+* :meth:`ChainDrafter.context_features` on a target forward's output -> ``[B, T, n*H]``;
+* :meth:`ChainDrafter.ingest_prompt` once after prefill (draft cache <- prompt context);
+* :meth:`ChainDrafter.propose` each round -> ``drafts [B, K]``, the draft distribution's
+  log-probs ``[B, K, V]`` (one-hot for greedy drafts; what ``rejection`` verification uses
+  as ``q``) and the updated draft cache (context committed, block dropped).
+
+Indexing (algorithms.md §3.2): DFlash drafts block slots 1..B-1 (K = B-1). Domino drafts
+K = ``k_draft`` positions: all B slots with ``shift_label``, slots 1..B-1 without.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from domino_jax.config import DraftConfig
+from domino_jax.models import dflash, domino_head
+from domino_jax.models.qwen3 import TargetLM, TargetOutput
+
+
+def one_hot_log_probs(tokens: jax.Array, vocab: int) -> jax.Array:
+    return jnp.where(jax.nn.one_hot(tokens, vocab, dtype=bool), 0.0, -jnp.inf)
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainDrafter:
+    config: DraftConfig
+    target: TargetLM
+    method: str = "domino"            # "dflash" | "domino"
+    use_input_table: bool = False     # Domino: precomputed [V, 3G] GRU input table
+
+    def __post_init__(self):
+        if self.method not in ("dflash", "domino"):
+            raise ValueError(f"unknown drafter method {self.method!r}")
+        if self.method == "domino" and not self.config.has_domino_head:
+            raise ValueError("method 'domino' needs a Domino checkpoint (projector_type "
+                             "'domino' with prefix_gru/embed_proj tensors); this drafter is "
+                             "plain DFlash: use --method dflash")
+
+    @property
+    def backbone(self) -> dflash.DFlashBackbone:
+        return dflash.DFlashBackbone(self.config, dtype=self.target.dtype,
+                                     param_dtype=self.target.param_dtype)
+
+    @property
+    def num_drafts(self) -> int:
+        if self.method == "dflash":
+            return self.config.block_size - 1
+        return self.config.k_draft
+
+    @property
+    def tap_ids(self) -> tuple[int, ...]:
+        return dflash.target_tap_ids(self.config)
+
+    def context_features(self, out: TargetOutput) -> jax.Array:
+        return dflash.context_features(self.config, out.taps, out.hidden)
+
+    def max_capacity(self, capacity: int) -> int:
+        return capacity
+
+    def _cache(self, batch: int, capacity: int):
+        # prompt context + one round of (context rows + block) scratch
+        slots = capacity + self.num_drafts + 1 + self.config.block_size
+        return dflash.new_draft_cache(self.config, batch, slots, self.target.dtype)
+
+    def _embed(self, target_params, tokens):
+        return self.target.apply({"params": target_params}, tokens, method=TargetLM.embed)
+
+    def _lm_head(self, target_params, hidden):
+        return self.target.apply({"params": target_params}, hidden, method=TargetLM.logits)
+
+    def _block(self, target_params, root, start):
+        batch, block = root.shape[0], self.config.block_size
+        tokens = jnp.full((batch, block), self.config.mask_token_id, jnp.int32)
+        tokens = tokens.at[:, 0].set(root)
+        positions = start[:, None] + jnp.arange(block, dtype=jnp.int32)[None, :]
+        return self._embed(target_params, tokens), positions
+
+    def ingest_prompt(self, target_params, draft_params, features, positions, prompt_len,
+                      capacity: int):
+        """Fill an empty draft cache with the prompt context (the block is a dummy)."""
+        cache = self._cache(features.shape[0], capacity)
+        embeds, block_pos = self._block(target_params, jnp.full_like(prompt_len, 0), prompt_len)
+        _, cache = self.backbone.apply({"params": draft_params["backbone"]}, features, positions,
+                                       prompt_len, embeds, block_pos, cache)
+        return cache
+
+    def propose(self, target_params, draft_params, root, start, context, context_len,
+                draft_cache, key, decode_config):
+        """Draft K tokens after ``root`` (at absolute position ``start [B]``)."""
+        width = context.shape[1]
+        context_pos = (start - context_len)[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
+        embeds, block_pos = self._block(target_params, root, start)
+        hidden, draft_cache = self.backbone.apply(
+            {"params": draft_params["backbone"]}, context, context_pos, context_len, embeds,
+            block_pos, draft_cache)
+        if self.method == "dflash" or not self.config.shift_label:
+            hidden = hidden[:, 1:]
+        hidden = hidden[:, :self.num_drafts]
+        base = self._lm_head(target_params, hidden)                        # [B, K, V] f32
+        sample = decode_config.draft_policy == "sample"
+        temp = decode_config.draft_temperature
+
+        def choose_fn(logits, k):
+            if sample:
+                return jax.random.categorical(k, logits / temp, axis=-1).astype(jnp.int32)
+            return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+        if self.method == "dflash":
+            keys = jax.random.split(key, self.num_drafts)
+            drafts = jax.vmap(choose_fn, in_axes=(1, 0), out_axes=1)(base, keys)
+            logits = base
+        else:
+            embed_table = target_params["embed_tokens"]["embedding"]
+            root_embed = self._embed(target_params, root)
+            drafts, logits = domino_head.rollout(
+                draft_params["head"], self.config, hidden, base, root_embed, embed_table,
+                choose_fn, key, use_input_table=self.use_input_table)
+        if sample:
+            log_q = jax.nn.log_softmax(logits / temp, axis=-1)
+        else:
+            log_q = one_hot_log_probs(drafts, logits.shape[-1])
+        return drafts, log_q, draft_cache
+
+
+def param_dtype_cast(params: Any, dtype) -> Any:
+    return jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
