@@ -1,0 +1,184 @@
+"""Shared test setup: float32 CPU numerics and tiny random Hugging Face target models.
+
+Every test runs in float32 with ``jax_default_matmul_precision="highest"`` so parity with
+transformers (float32, eager attention) holds to ~1e-6. Models are built inside the tests
+(never downloaded): vocab 128, hidden 64, 3 layers, 4 heads, 2 kv heads, intermediate 96.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+import jax
+
+jax.config.update("jax_default_matmul_precision", "highest")
+jax.config.update("jax_platforms", "cpu")
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+# Tolerance for parity checks: max |ours - reference| / max |reference|.
+REL_TOL = 1e-5
+
+# name -> (architecture, extra HF config kwargs). "wide" = heads*head_dim != hidden (Qwen3-4B).
+TINY_GEOMETRY = dict(vocab_size=128, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                     num_key_value_heads=2, intermediate_size=96, rms_norm_eps=1e-6,
+                     max_position_embeddings=256)
+VARIANTS = {
+    "qwen3": ("qwen3", dict(head_dim=16, rope_theta=10000.0)),
+    "qwen3_wide": ("qwen3", dict(head_dim=32, rope_theta=1e6)),
+    "llama": ("llama", dict(head_dim=16, rope_theta=500000.0)),
+    "llama_wide": ("llama", dict(head_dim=32, rope_theta=10000.0)),
+    "qwen2": ("qwen2", dict(rope_theta=1e6)),
+}
+
+
+def rel_err(ours, ref) -> float:
+    """``max |ours - ref| / max |ref|`` over all elements (float64)."""
+    ours = np.asarray(ours, np.float64)
+    ref = np.asarray(ref, np.float64)
+    assert ours.shape == ref.shape, (ours.shape, ref.shape)
+    return float(np.max(np.abs(ours - ref)) / max(np.max(np.abs(ref)), 1e-30))
+
+
+def assert_close(ours, ref, tol: float = REL_TOL, what: str = ""):
+    err = rel_err(ours, ref)
+    assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.0e}"
+    return err
+
+
+def hf_config(variant: str, tied: bool):
+    """A transformers config object for one of :data:`VARIANTS`."""
+    import transformers
+
+    arch, extra = VARIANTS[variant]
+    cls = {"qwen3": transformers.Qwen3Config, "llama": transformers.LlamaConfig,
+           "qwen2": transformers.Qwen2Config}[arch]
+    kwargs = dict(TINY_GEOMETRY, **extra, tie_word_embeddings=tied)
+    config = cls(**kwargs)
+    config._attn_implementation = "eager"
+    return config
+
+
+def build_hf_model(variant: str, tied: bool, seed: int = 0):
+    """A tiny random float32 transformers model with *all* weights randomised (norm weights
+    around 1, biases non-zero), in eval mode with eager attention."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    arch = VARIANTS[variant][0]
+    cls = {"qwen3": transformers.Qwen3ForCausalLM, "llama": transformers.LlamaForCausalLM,
+           "qwen2": transformers.Qwen2ForCausalLM}[arch]
+    model = cls(hf_config(variant, tied)).to(torch.float32).eval()
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+                param.copy_(1.0 + 0.2 * torch.randn(param.shape, generator=gen))
+            elif name.endswith(".bias"):
+                param.copy_(0.5 * torch.randn(param.shape, generator=gen))
+            elif "embed_tokens" in name or "lm_head" in name:
+                param.copy_(torch.randn(param.shape, generator=gen))
+            else:
+                param.copy_(torch.randn(param.shape, generator=gen) / param.shape[-1] ** 0.5)
+    if tied:
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    return model
+
+
+def hf_forward(model, tokens, attention_mask=None):
+    """Run transformers: ``(logits [B,T,V], hidden_states list, layer_outputs list)``.
+
+    ``layer_outputs[i]`` is captured with a forward hook on decoder layer ``i`` (the raw
+    layer output, independent of how ``output_hidden_states`` treats the last entry).
+    """
+    import torch
+
+    captured = {}
+
+    def hook(index):
+        def fn(_module, _inputs, output):
+            out = output[0] if isinstance(output, tuple) else output
+            captured[index] = out.detach().numpy().copy()
+        return fn
+
+    handles = [layer.register_forward_hook(hook(i)) for i, layer in enumerate(model.model.layers)]
+    try:
+        with torch.no_grad():
+            out = model(input_ids=torch.as_tensor(np.asarray(tokens), dtype=torch.long),
+                        attention_mask=None if attention_mask is None else
+                        torch.as_tensor(np.asarray(attention_mask), dtype=torch.long),
+                        output_hidden_states=True, use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    hidden = [h.detach().numpy() for h in out.hidden_states]
+    layers = [captured[i] for i in range(len(model.model.layers))]
+    return out.logits.detach().numpy(), hidden, layers
+
+
+def save_hf(model, path, **kwargs) -> str:
+    model.save_pretrained(str(path), safe_serialization=True, **kwargs)
+    return str(path)
+
+
+def random_tokens(seed: int, shape, vocab: int = 128) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, vocab, size=shape).astype(np.int32)
+
+
+_JITTED: dict = {}
+
+
+def forward(model, params, tokens, positions, cache=None, block_mask=None, tap_ids=()):
+    """``model.apply`` jitted once per (model, tap_ids): op-by-op dispatch is slow on CPU."""
+    key = (id(model), tuple(tap_ids))
+    if key not in _JITTED:
+        _JITTED[key] = (model, jax.jit(lambda p, t, pos, c, m: model.apply(
+            {"params": p}, t, pos, cache=c, block_mask=m, tap_ids=tuple(tap_ids))))
+    return _JITTED[key][1](params, jnp.asarray(tokens), jnp.asarray(positions), cache,
+                           None if block_mask is None else jnp.asarray(block_mask))
+
+
+def positions_for(batch: int, length: int, start=0) -> jnp.ndarray:
+    start = jnp.broadcast_to(jnp.asarray(start, jnp.int32), (batch,))
+    return start[:, None] + jnp.arange(length, dtype=jnp.int32)[None, :]
+
+
+@pytest.fixture(scope="session")
+def hf_checkpoints(tmp_path_factory):
+    """Lazily built ``(variant, tied) -> (hf_model, folder)``; each saved once per session."""
+    cache: dict = {}
+
+    def get(variant: str, tied: bool):
+        key = (variant, tied)
+        if key not in cache:
+            model = build_hf_model(variant, tied, seed=zlib.crc32(f"{variant}/{tied}".encode()) % 1000)
+            folder = save_hf(model, tmp_path_factory.mktemp(f"{variant}_{'tied' if tied else 'untied'}"))
+            cache[key] = (model, folder)
+        return cache[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def float32_target():
+    """``(folder) -> (config, params, model)`` with the TargetLM in float32."""
+    from converters.hf_target import load_target
+    from domino_jax.models.qwen3 import TargetLM
+
+    cache: dict = {}
+
+    def get(folder: str):
+        if folder not in cache:
+            config, params = load_target(folder, dtype=jnp.float32)
+            cache[folder] = (config, params, TargetLM(config, dtype=jnp.float32,
+                                                      param_dtype=jnp.float32))
+        return cache[folder]
+
+    return get
+
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
