@@ -1,0 +1,70 @@
+"""Loading what the decode CLI needs: target + drafter (checked to fit), tokenizer, defaults.
+
+The embedded default is the converted SmolLM2-135M-Instruct target (``demo_model``) and,
+when it ships with the package, our trained Domino drafter for it in
+``domino_jax/assets/smollm2-domino/`` (HF ``DFlashDraftModel`` format).
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax.numpy as jnp
+
+from domino_jax.config import ConfigError, DraftConfig, TargetConfig, check_draft_fits_target
+
+ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
+DEMO_DRAFT_DIR = os.path.join(ASSETS, "smollm2-domino")
+
+
+def default_models(target: str | None, draft: str | None) -> tuple[str, str | None]:
+    """``(target_dir, draft_dir)``: the demo pair when no target is given."""
+    if target is None:
+        from domino_jax.demo_model import demo_target_dir
+
+        target = demo_target_dir()
+        if draft is None and os.path.exists(os.path.join(DEMO_DRAFT_DIR, "config.json")):
+            draft = DEMO_DRAFT_DIR
+    for name, path in (("--target", target), ("--draft", draft)):
+        if path is not None and not os.path.isdir(path):
+            raise FileNotFoundError(f"{name} {path!r} is not a folder (expected an HF "
+                                    "checkpoint folder with config.json)")
+    return target, draft
+
+
+def load_pair(target_dir: str, draft_dir: str | None, method: str, dtype=jnp.bfloat16):
+    """``(target_module, target_params, drafter | None, draft_params | None)``.
+
+    The drafter is checked against the target (hidden size, vocab, layer ids, mask id)
+    before any weights are read.
+    """
+    from converters.hf_draft import load_draft
+    from converters.hf_target import load_target
+    from domino_jax.decode.drafters import ChainDrafter
+    from domino_jax.models.qwen3 import TargetLM
+
+    target_config = TargetConfig.from_path(target_dir)
+    drafter = draft_params = None
+    if draft_dir is not None:
+        draft_config = DraftConfig.from_path(draft_dir)
+        try:
+            check_draft_fits_target(draft_config, target_config)
+        except ConfigError as e:
+            raise ConfigError(f"{draft_dir} vs {target_dir}: {e}") from e
+    target_config, target_params = load_target(target_dir, dtype)
+    target = TargetLM(target_config, dtype=dtype, param_dtype=dtype)
+    if draft_dir is not None:
+        draft_config, draft_params = load_draft(draft_dir, dtype)
+        drafter = ChainDrafter(draft_config, target, method)
+    return target, target_params, drafter, draft_params
+
+
+def load_tokenizer(target_dir: str):
+    """The target folder's tokenizer (with its chat template), via transformers."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(target_dir)
+    except (OSError, ValueError) as e:
+        raise FileNotFoundError(f"{target_dir}: no usable tokenizer (tokenizer.json / "
+                                f"tokenizer_config.json): {e}") from e
