@@ -4,7 +4,8 @@
 Reference: ``tests/fixtures/smollm2_gguf_reference.json`` (made by
 ``tests/reference/make_gguf_fixture.py``: transformers + torch, float32). Tolerance on the
 last-position top-5 logits: 1e-3 absolute (same dequantized weights, float32 both sides; the
-observed difference is ~1e-5). The conversion runs once per session into a tmp dir (~6 s).
+observed difference is <= 3e-5). The conversion runs once per session into a tmp dir (~6-11 s).
+The live transformers check (needs torch + accelerate) is marked ``slow``.
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ def test_jax_matches_transformers_gguf_reference(jax_last_logits, reference):
         assert list(np.argsort(-row)[:5]) == r["top5_ids"], r["prompt"]
 
 
+@pytest.mark.slow  # ~30-45 s on 2 cores: transformers' GGUF loader parses the file twice
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None
                     or importlib.util.find_spec("accelerate") is None,
                     reason="live check needs torch + accelerate (transformers' GGUF loader)")
@@ -149,7 +151,10 @@ def test_unpermute_inverts_llama_cpp_permute(n_head, rows, cols):
 
 
 def test_unpermute_matches_transformers():
-    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+    try:
+        from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+    except ImportError as e:
+        pytest.skip(f"transformers' GGUF tensor processor not importable: {e}")
 
     w = np.random.default_rng(0).standard_normal((192, 7)).astype(np.float32)
     proc = LlamaTensorProcessor(config={"num_attention_heads": 9, "num_key_value_heads": 3})
