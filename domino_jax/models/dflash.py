@@ -189,7 +189,7 @@ def _dummy_inputs(config: DraftConfig, make):
 def init_params(config: DraftConfig, rng: jax.Array, dtype=jnp.float32) -> Any:
     """Random backbone parameters (tests and fresh training runs)."""
     model = DFlashBackbone(config, dtype=dtype, param_dtype=dtype)
-    return model.init(rng, *_dummy_inputs(config, jnp.zeros))["params"]
+    return jax.jit(model.init)(rng, *_dummy_inputs(config, jnp.zeros))["params"]
 
 
 def param_shapes(config: DraftConfig, dtype=jnp.bfloat16) -> Any:

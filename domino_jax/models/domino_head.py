@@ -26,6 +26,7 @@ with float32 accumulation; gates and the logit add are float32 (algorithms.md §
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import jax
@@ -48,6 +49,11 @@ def head_param_shapes(config: DraftConfig, dtype=jnp.bfloat16) -> HeadParams:
 
 def init_head_params(config: DraftConfig, rng: jax.Array, dtype=jnp.float32) -> HeadParams:
     """Random head parameters, uniform ``±1/sqrt(fan_in)`` like torch's defaults."""
+    return _init_head_params(config, rng, dtype)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _init_head_params(config: DraftConfig, rng: jax.Array, dtype) -> HeadParams:
     shapes = head_param_shapes(config, dtype)
     leaves, treedef = jax.tree_util.tree_flatten(shapes)
     keys = jax.random.split(rng, len(leaves))
