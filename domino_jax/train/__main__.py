@@ -1,0 +1,89 @@
+"""``python -m domino_jax.train``: train a DFlash or Domino drafter for a target.
+
+    python -m domino_jax.train --target DIR --data data.npz --out runs/domino \\
+        --drafter domino --draft-layers 2 --block-size 16 --gru-hidden-dim 256 --emb-dim 64 \\
+        --steps 1000 --batch-size 32 --lr 6e-4 [--resume]
+
+Build the data first with ``python -m domino_jax.train.data --target DIR --out data.npz``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+from typing import Sequence
+
+from domino_jax.train.config import DRAFTERS, TrainConfig
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m domino_jax.train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default=None, help="HF target folder (default: demo SmolLM2)")
+    p.add_argument("--data", required=True, help=".npz/.jsonl from domino_jax.train.data")
+    p.add_argument("--out", required=True, help="run folder (checkpoints, metrics, draft/)")
+    p.add_argument("--drafter", choices=DRAFTERS, default="domino")
+    p.add_argument("--draft-layers", type=int, default=2)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--gru-hidden-dim", type=int, default=256)
+    p.add_argument("--emb-dim", type=int, default=64)
+    p.add_argument("--mask-token-id", type=int, default=None,
+                   help="target row to use as the frozen mask token (default: learn a "
+                        "mask_embedding, for targets with no spare row)")
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--micro-batches", type=int, default=1, help="gradient accumulation")
+    p.add_argument("--max-length", type=int, default=512)
+    p.add_argument("--num-anchors", type=int, default=64)
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--warmup-ratio", type=float, default=0.04)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--gamma", type=float, default=None)
+    p.add_argument("--lambda-start", type=float, default=1.0)
+    p.add_argument("--decay-ratio", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="bfloat16", help="compute dtype (masters are float32)")
+    p.add_argument("--checkpoint-every", type=int, default=500)
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--mesh", default="1,1,1", help="data,fsdp,tensor sizes")
+    p.add_argument("--shard-drafter", action="store_true", help="fsdp-shard drafter params")
+    p.add_argument("--peak-flops", type=float, default=989e12, help="per device, for MFU")
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    data, fsdp, tensor = (int(x) for x in args.mesh.split(","))
+    cfg = TrainConfig(drafter=args.drafter, steps=args.steps, batch_size=args.batch_size,
+                      micro_batches=args.micro_batches, max_length=args.max_length,
+                      num_anchors=args.num_anchors, lr=args.lr, warmup_ratio=args.warmup_ratio,
+                      weight_decay=args.weight_decay, grad_clip=args.grad_clip,
+                      gamma=args.gamma, lambda_start=args.lambda_start,
+                      decay_ratio=args.decay_ratio, seed=args.seed, compute_dtype=args.dtype,
+                      checkpoint_every=args.checkpoint_every, log_every=args.log_every,
+                      mesh_data=data, mesh_fsdp=fsdp, mesh_tensor=tensor,
+                      shard_drafter=args.shard_drafter, peak_flops=args.peak_flops)
+    from domino_jax.train.loop import train
+
+    target_dir = args.target
+    if target_dir is None:
+        from domino_jax.demo_model import demo_target_dir
+        target_dir = demo_target_dir()
+    result = train(cfg, target_dir, args.data, args.out, args.draft_layers, args.block_size,
+                   args.gru_hidden_dim, args.emb_dim, args.mask_token_id, args.resume,
+                   progress=not args.no_progress)
+    last = result.history[-1] if result.history else {}
+    print(json.dumps({"drafter": cfg.drafter, "steps": cfg.steps, "seconds": round(result.seconds, 1),
+                      "final_loss": last.get("loss"), "acc": last.get("acc"),
+                      "mfu": last.get("mfu"), "tokens_per_second": last.get("tokens_per_second"),
+                      "export_dir": result.export_dir, "config": dataclasses.asdict(cfg)}))
+
+
+if __name__ == "__main__":
+    main()

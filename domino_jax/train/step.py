@@ -1,0 +1,190 @@
+"""One jitted optimizer step: gradient accumulation over micro-batches, AdamW, sharding.
+
+    state = init_state(train_config, draft_params)
+    step_fn = make_train_step(train_config, draft_config, target, mesh, state, target_params)
+    state, metrics = step_fn(state, batch, target_params)    # batch: [micro, b, S] arrays
+
+* ``TrainState(step, params, opt_state)``: float32 master params; the loss casts them to
+  ``compute_dtype``. ``step`` counts optimizer steps already taken; the step being
+  computed is ``step + 1`` (the lambda schedule counts from 1, §9.11).
+* Randomness (anchor sampling) is ``fold_in(PRNGKey(seed), step + 1)`` split per
+  micro-batch: a pure function of the step, so a resumed run repeats it exactly.
+* Sharding: the frozen target by ``sharding.target_param_shardings`` (tensor/fsdp), the
+  drafter replicated or fsdp-sharded (largest divisible dim), batches over
+  ``("data", "fsdp")`` on their batch axis.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from domino_jax.config import DraftConfig
+from domino_jax.models.qwen3 import TargetLM
+from domino_jax.sharding import target_param_shardings
+from domino_jax.train.config import TrainConfig, default_gamma
+from domino_jax.train.loss import draft_loss, lambda_schedule
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array          # int32 scalar: optimizer steps taken
+    params: Any              # float32 drafter params
+    opt_state: Any
+
+
+def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
+    """Grad clipping + AdamW on a linear-warmup cosine schedule (peak ``lr``, end 0)."""
+    warmup = max(1, int(cfg.steps * cfg.warmup_ratio))
+    schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, warmup, max(cfg.steps, warmup + 1),
+                                                  end_value=0.0)
+    return optax.chain(optax.clip_by_global_norm(cfg.grad_clip),
+                       optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=cfg.weight_decay))
+
+
+def init_state(cfg: TrainConfig, params: Any) -> TrainState:
+    params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), params)
+    return TrainState(jnp.zeros((), jnp.int32), params, make_optimizer(cfg).init(params))
+
+
+def _compute_dtype(cfg: TrainConfig):
+    return jnp.dtype(cfg.compute_dtype)
+
+
+def train_step(state: TrainState, batch: dict, target_params: Any, *, cfg: TrainConfig,
+               config: DraftConfig, target: TargetLM) -> tuple[TrainState, dict]:
+    """One optimizer step on ``batch {"input_ids", "loss_mask"}: [micro, b, S]``."""
+    step = state.step + 1
+    lam = lambda_schedule(step, cfg.steps, cfg.lambda_start, cfg.decay_ratio)
+    if not config.has_domino_head:
+        lam = jnp.float32(1.0)
+    gamma = cfg.gamma or default_gamma(config.block_size)
+    micro = batch["input_ids"].shape[0]
+    keys = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(cfg.seed), step), micro)
+    loss_fn = functools.partial(draft_loss, target=target, config=config,
+                                num_anchors=cfg.num_anchors, gamma=gamma,
+                                compute_dtype=_compute_dtype(cfg))
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def accumulate(grads_sum, xs):
+        micro_batch, key = xs
+        (_, metrics), grads = grad_fn(state.params, target_params, micro_batch, key, lam)
+        return jax.tree_util.tree_map(jnp.add, grads_sum, grads), metrics
+
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, state.params)
+    grads, metrics = jax.lax.scan(accumulate, zeros, (batch, keys))
+    grads = jax.tree_util.tree_map(lambda g: g / micro, grads)
+    optimizer = make_optimizer(cfg)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    summed = ("correct", "count", "tokens", "weight_sum")
+    out = {k: (v.sum(0) if k in summed else v.mean(0)) for k, v in metrics.items()}
+    out["lambda"] = lam
+    out["grad_norm"] = optax.global_norm(grads)
+    out["lr"] = jnp.asarray(make_lr(cfg)(state.step), jnp.float32)
+    return TrainState(step, params, opt_state), out
+
+
+def make_lr(cfg: TrainConfig):
+    warmup = max(1, int(cfg.steps * cfg.warmup_ratio))
+    return optax.warmup_cosine_decay_schedule(0.0, cfg.lr, warmup, max(cfg.steps, warmup + 1),
+                                              end_value=0.0)
+
+
+# ----------------------------------------------------------------------------- sharding
+
+def make_train_mesh(cfg: TrainConfig) -> Mesh:
+    from domino_jax.sharding import make_mesh
+
+    size = cfg.mesh_data * cfg.mesh_fsdp * cfg.mesh_tensor
+    return make_mesh(cfg.mesh_data, cfg.mesh_fsdp, cfg.mesh_tensor,
+                     devices=jax.devices()[:size])
+
+
+def _fsdp_spec(shape, fsdp: int) -> P:
+    """Shard the largest dim divisible by ``fsdp`` over the fsdp axis (else replicate)."""
+    if fsdp > 1:
+        for dim in sorted(range(len(shape)), key=lambda d: -shape[d]):
+            if shape[dim] % fsdp == 0 and shape[dim] >= fsdp:
+                spec = [None] * len(shape)
+                spec[dim] = "fsdp"
+                return P(*spec)
+    return P()
+
+
+def state_shardings(state: TrainState, mesh: Mesh, shard_drafter: bool) -> TrainState:
+    fsdp = mesh.shape["fsdp"] if shard_drafter else 1
+    leaf = lambda x: NamedSharding(mesh, _fsdp_spec(np.shape(x), fsdp))
+    return jax.tree_util.tree_map(leaf, state)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """``[micro, b, S]`` arrays: the per-micro-batch rows over ``data`` x ``fsdp``."""
+    return NamedSharding(mesh, P(None, ("data", "fsdp"), None))
+
+
+def shard_batch(batch: dict, mesh: Mesh) -> dict:
+    sharding = batch_sharding(mesh)
+    return {k: jax.device_put(np.asarray(v), sharding) for k, v in batch.items()}
+
+
+def place(cfg: TrainConfig, mesh: Mesh, state: TrainState, target_params: Any, target_config
+          ) -> tuple[TrainState, Any, TrainState, Any]:
+    """Put state and target params on ``mesh``; returns them and their shardings."""
+    s_shard = state_shardings(state, mesh, cfg.shard_drafter)
+    t_shard = target_param_shardings(target_params, mesh, target_config)
+    return jax.device_put(state, s_shard), jax.device_put(target_params, t_shard), s_shard, t_shard
+
+
+def make_train_step(cfg: TrainConfig, config: DraftConfig, target: TargetLM, mesh: Mesh,
+                    state_sharding: TrainState, target_sharding: Any):
+    """The jitted step ``(state, batch, target_params) -> (state, metrics)`` (state donated)."""
+    fn = functools.partial(train_step, cfg=cfg, config=config, target=target)
+    replicated = NamedSharding(mesh, P())
+    return jax.jit(fn, in_shardings=(state_sharding, batch_sharding(mesh), target_sharding),
+                   out_shardings=(state_sharding, replicated), donate_argnums=(0,))
+
+
+def step_flops(step_fn, state, batch, target_params) -> float:
+    """XLA's FLOP count of one compiled step (0.0 when the backend does not report it)."""
+    try:
+        analysis = step_fn.lower(state, batch, target_params).compile().cost_analysis()
+        if isinstance(analysis, (list, tuple)):
+            analysis = analysis[0] if analysis else {}
+        return float(analysis.get("flops", 0.0))
+    except Exception:  # noqa: BLE001  (cost analysis is best effort)
+        return 0.0
+
+
+def model_flops(cfg: TrainConfig, config: DraftConfig, target_config, seq_len: int) -> float:
+    """Analytic model FLOPs of one step (matmuls only, for MFU): the frozen target's forward
+    (2 x params x tokens + attention) and the drafter's forward + backward (6 x ...) over
+    ``N * Bk`` block queries per sequence, incl. the LM head (+ Domino head)."""
+    t = target_config
+    tokens = cfg.batch_size * seq_len
+    layer_params = (t.hidden_size * (t.num_heads + 2 * t.num_kv_heads) * t.head_dim
+                    + t.num_heads * t.head_dim * t.hidden_size + 3 * t.hidden_size * t.intermediate_size)
+    target_fwd = 2 * tokens * t.num_layers * layer_params \
+        + 2 * 2 * cfg.batch_size * t.num_layers * seq_len * seq_len / 2 * t.num_heads * t.head_dim
+    n = min(cfg.num_anchors, seq_len - 1)
+    queries = cfg.batch_size * n * config.block_size
+    keys = seq_len + n * config.block_size
+    h = config.hidden_size
+    d_layer = (h * config.q_width + 2 * h * config.kv_width + config.q_width * h
+               + 3 * h * config.intermediate_size)
+    ctx_kv = 2 * h * config.kv_width * cfg.batch_size * seq_len * config.num_layers
+    draft = queries * config.num_layers * d_layer + ctx_kv \
+        + 2 * queries * keys * config.num_heads * config.head_dim * config.num_layers \
+        + cfg.batch_size * seq_len * config.num_taps * h * h
+    head = queries * h * config.vocab_size
+    if config.has_domino_head:
+        g, e = config.gru_hidden_dim, config.emb_dim
+        head += queries * (3 * g * (h + g) + e * (h + g) + e * config.vocab_size)
+    return float(target_fwd + 6 * (draft + head))
