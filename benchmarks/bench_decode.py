@@ -1,0 +1,938 @@
+"""Decode benchmark: our jitted AR / DFlash / Domino loops vs Hugging Face generate.
+
+One invocation measures, for each prompt length (batch 1, random bf16 weights made on the
+device, Qwen3-8B target and drafter shapes):
+
+* AR: ``generate(method="ar")`` end to end, and the round loop alone (decode time / rounds);
+* DFlash and Domino: the whole round inside the ``lax.while_loop`` (decode time / rounds),
+  and each stage as its own jitted function on realistic inputs (median of ~20 runs):
+  draft backbone, LM head on the draft rows, head (Domino rollout, or argmax for DFlash),
+  verify (target forward over K+1 tokens with the KV cache), commit;
+* the round cost ``c = round_ms / ar_step_ms`` and projected speedups ``tau / c``; with
+  ``--forced-taus`` also the loop with a forced acceptance length (random weights accept
+  nothing, so we patch the verifier to accept ``tau - 1`` drafts per round);
+* every time beside its memory-bandwidth floor (bytes counted from the parameter shapes);
+* Hugging Face ``Qwen3ForCausalLM.generate`` (bf16, sdpa, dynamic and static cache) on the
+  same shape, in a child process with a hard timeout (so a slow ``torch.compile`` cannot
+  eat the whole budget, and its GPU memory is returned when it exits).
+
+Results (JSON, Markdown, PNG) are rewritten after every finished task, so a run stopped by
+``--time-budget-s`` or killed from outside still leaves partial results.
+
+    python benchmarks/bench_decode.py                       # H200, ~6-7 minutes
+    python benchmarks/bench_decode.py --tiny --skip-hf      # CPU smoke test, < 1 minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import functools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+T_START = time.perf_counter()
+HBM_BYTES_PER_S = 4.3e12          # H200 device-to-device copy (performance.md)
+TAUS = (4, 6, 8)
+
+
+def log(msg: str) -> None:
+    print(f"[{time.perf_counter() - T_START:7.1f}s] {msg}", flush=True)
+
+
+# --------------------------------------------------------------------------- arguments
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (smoke test)")
+    p.add_argument("--skip-hf", action="store_true", help="skip the Hugging Face baseline")
+    p.add_argument("--prompt-lens", default=None, help="comma list (default 512,2048; tiny 24,40)")
+    p.add_argument("--new-tokens", type=int, default=None, help="default 256 (tiny 12)")
+    p.add_argument("--hf-prompt-len", type=int, default=None,
+                   help="prompt length of the HF baseline (default: the first prompt length)")
+    p.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"))
+    p.add_argument("--time-budget-s", type=float, default=None,
+                   help="stop starting new tasks past this (default 420; tiny 150)")
+    p.add_argument("--xla-flags", default="", help="extra XLA_FLAGS, e.g. "
+                   "'--xla_gpu_enable_latency_hiding_scheduler=true'")
+    p.add_argument("--mem-fraction", default="0.5", help="XLA_PYTHON_CLIENT_MEM_FRACTION")
+    p.add_argument("--stage-reps", type=int, default=20, help="timed runs per stage function")
+    p.add_argument("--loop-reps", type=int, default=3, help="timed generate calls per method")
+    p.add_argument("--forced-taus", default="6",
+                   help="comma list of forced acceptance lengths for the loop ('' = none)")
+    p.add_argument("--methods", default="ar,domino,dflash")
+    p.add_argument("--git-commit", default=None, help="recorded when .git is absent")
+    p.add_argument("--hf-worker", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.prompt_lens is None:
+        args.prompt_lens = "24,40" if args.tiny else "512,2048"
+    args.prompt_lens = [int(x) for x in str(args.prompt_lens).split(",") if x.strip()]
+    if args.new_tokens is None:
+        args.new_tokens = 12 if args.tiny else 256
+    if args.time_budget_s is None:
+        args.time_budget_s = 150.0 if args.tiny else 420.0
+    if args.hf_prompt_len is None:
+        args.hf_prompt_len = args.prompt_lens[0]
+    args.forced_taus = [int(x) for x in str(args.forced_taus).split(",") if x.strip()]
+    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    return args
+
+
+def setup_env(args) -> None:
+    """Environment for XLA; must run before jax is imported."""
+    if args.tiny:
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", str(args.mem_fraction))
+    if args.xla_flags:
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + args.xla_flags).strip()
+
+
+ARGS = parse_args() if __name__ == "__main__" else None
+if ARGS is not None and ARGS.hf_worker is None:
+    setup_env(ARGS)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from domino_jax.config import (QWEN3_8B, QWEN3_8B_DOMINO_DRAFT, DraftConfig,  # noqa: E402
+                               TargetConfig)
+from domino_jax.decode import speculative  # noqa: E402
+from domino_jax.decode.drafters import ChainDrafter  # noqa: E402
+from domino_jax.decode.sampling import target_log_probs  # noqa: E402
+from domino_jax.decode.speculative import DecodeConfig, generate  # noqa: E402
+from domino_jax.models import dflash, domino_head, qwen3  # noqa: E402
+from domino_jax.models.qwen3 import TargetLM  # noqa: E402
+
+# --------------------------------------------------------------------------- shapes
+
+TINY_TARGET = TargetConfig("qwen3", 512, 64, 4, 4, 2, 16, 128, 1e-6, 1e6,
+                           tie_word_embeddings=False, eos_token_ids=(), bos_token_id=None)
+TINY_DOMINO = DraftConfig(
+    vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+    intermediate_size=128, block_size=4, num_target_layers=4, mask_token_id=511,
+    target_layer_ids=(0, 2), projector_type="domino", pure_draft_prefix_len=1,
+    shift_label=True, emb_dim=16, gru_hidden_dim=32)
+
+
+def dflash_config_of(domino: DraftConfig) -> DraftConfig:
+    """The plain DFlash drafter with the same backbone (K = block_size - 1)."""
+    return dataclasses.replace(domino, projector_type=None, shift_label=False, emb_dim=0,
+                               gru_hidden_dim=0)
+
+
+# --------------------------------------------------------------------------- helpers
+
+def tree_bytes(tree) -> int:
+    return int(sum(np.prod(x.shape) * np.dtype(x.dtype).itemsize
+                   for x in jax.tree_util.tree_leaves(tree)))
+
+
+def floor_ms(nbytes: float) -> float:
+    return 1e3 * nbytes / HBM_BYTES_PER_S
+
+
+def with_floor(entry: dict, nbytes: float) -> dict:
+    """Add ``floor_ms`` and ``pct_of_floor`` (floor / measured, 100 = at the floor)."""
+    entry["floor_bytes"] = int(nbytes)
+    entry["floor_ms"] = floor_ms(nbytes)
+    ms = entry.get("ms")
+    if ms:
+        entry["pct_of_floor"] = 100.0 * entry["floor_ms"] / ms
+    return entry
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _random_tree_jit(key, shapes_and_kinds):
+    shapes, kinds = shapes_and_kinds
+    keys = jax.random.split(key, len(shapes))
+    out = []
+    for k, (shape, dtype), kind in zip(keys, shapes, kinds):
+        if kind == "ones":
+            out.append(jnp.ones(shape, dtype))
+        else:
+            scale = 0.02 if kind == "embed" else float(shape[0]) ** -0.5
+            out.append((jax.random.normal(k, shape, jnp.float32) * scale).astype(dtype))
+    return out
+
+
+def random_params(shape_tree, seed: int):
+    """Random weights made on the device inside one jit (no host copy of the model).
+
+    Norm weights are 1, the embedding N(0, 0.02), every kernel N(0, 1/fan_in): hidden
+    states stay finite over 36 layers (NaN logits would make every argmax 0 and every
+    draft 'accepted')."""
+    flat, treedef = jax.tree_util.tree_flatten_with_path(shape_tree)
+    shapes, kinds = [], []
+    for path, leaf in flat:
+        name = jax.tree_util.keystr(path)
+        kind = ("ones" if ("norm" in name and len(leaf.shape) == 1)
+                else "embed" if "embed_tokens" in name else "kernel")
+        shapes.append((tuple(int(s) for s in leaf.shape), jnp.dtype(leaf.dtype)))
+        kinds.append(kind)
+    leaves = _random_tree_jit(jax.random.PRNGKey(seed), (tuple(shapes), tuple(kinds)))
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def time_calls(call, reps: int, warmup: int = 2) -> dict:
+    """Median over ``reps`` synchronised calls of ``call()`` (returns arrays to wait on),
+    plus the mean over ``reps`` calls issued back to back (dispatch pipelined)."""
+    for _ in range(warmup):
+        jax.block_until_ready(call())
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(call())
+        times.append(1e3 * (time.perf_counter() - t0))
+    t0 = time.perf_counter()
+    out = None
+    for _ in range(reps):
+        out = call()
+    jax.block_until_ready(out)
+    pipelined = 1e3 * (time.perf_counter() - t0) / reps
+    return {"ms": statistics.median(times), "ms_min": min(times), "ms_max": max(times),
+            "ms_pipelined_mean": pipelined, "reps": reps}
+
+
+def compile_timed(jitted, *args):
+    t0 = time.perf_counter()
+    compiled = jitted.lower(*args).compile()
+    return compiled, time.perf_counter() - t0
+
+
+def random_prompt(length: int, vocab: int, seed: int) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, min(vocab, 150000), size=length).tolist()
+
+
+def git_commit(override: str | None) -> str:
+    if override:
+        return override
+    try:
+        out = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+        if out.returncode == 0:
+            dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--",
+                                    "domino_jax", "benchmarks/bench_decode.py"],
+                                   capture_output=True, text=True, timeout=10).stdout.strip()
+            return out.stdout.strip() + ("+dirty" if dirty else "")
+    except Exception:  # noqa: BLE001
+        pass
+    return os.environ.get("BENCH_GIT_COMMIT", "unknown")
+
+
+def versions() -> dict:
+    import importlib.metadata as md
+    found = {}
+    for name in ("jax", "jaxlib", "flax", "numpy", "torch", "transformers"):
+        try:
+            found[name] = md.version(name)
+        except Exception:  # noqa: BLE001
+            found[name] = None
+    return found
+
+
+# --------------------------------------------------------------------------- the benchmark
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.stamp = _dt.datetime.now().strftime("%Y-%m-%d_%H%M%S")
+        self.task_seconds: dict[str, float] = {}
+        dev = jax.devices()[0]
+        self.results = {
+            "schema": "bench_decode/1",
+            "date": _dt.datetime.now().isoformat(timespec="seconds"),
+            "git_commit": git_commit(args.git_commit),
+            "device": {"platform": dev.platform, "kind": dev.device_kind,
+                       "count": jax.device_count()},
+            "versions": versions(),
+            "argv": sys.argv[1:],
+            "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "mem_fraction": os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION"),
+            "hbm_bytes_per_s": HBM_BYTES_PER_S,
+            "shape": "tiny" if args.tiny else "qwen3-8b",
+            "batch": 1,
+            "new_tokens": args.new_tokens,
+            "prompt_lens": args.prompt_lens,
+            "bytes": {},
+            "prompts": {},
+            "hf": {},
+            "skipped": [],
+            "errors": [],
+            "complete": False,
+        }
+
+    # ---- budget and bookkeeping
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - T_START
+
+    def left(self) -> float:
+        return self.args.time_budget_s - self.elapsed()
+
+    def run_task(self, name: str, kind: str, fn, default_estimate: float) -> bool:
+        """Run ``fn`` unless the budget cannot hold it (estimate: the last task of the same
+        kind, else ``default_estimate``); record errors and keep going; save after."""
+        estimate = self.task_seconds.get(kind, default_estimate)
+        if self.left() < estimate:
+            log(f"SKIP {name}: {self.left():.0f}s left, task needs ~{estimate:.0f}s")
+            self.results["skipped"].append({"task": name, "left_s": self.left(),
+                                            "estimate_s": estimate})
+            return False
+        log(f"START {name} (~{estimate:.0f}s estimated, {self.left():.0f}s left)")
+        t0 = time.perf_counter()
+        ok = True
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001
+            ok = False
+            tb = traceback.format_exc()
+            log(f"ERROR in {name}: {e!r}\n{tb}")
+            self.results["errors"].append({"task": name, "error": repr(e), "traceback": tb[-4000:]})
+        took = time.perf_counter() - t0
+        self.task_seconds[kind] = took
+        log(f"DONE {name} in {took:.1f}s")
+        self.save()
+        return ok
+
+    # ---- models
+
+    def build_models(self):
+        a = self.args
+        self.tcfg = TINY_TARGET if a.tiny else QWEN3_8B
+        self.domino_cfg = TINY_DOMINO if a.tiny else QWEN3_8B_DOMINO_DRAFT
+        self.dflash_cfg = dflash_config_of(self.domino_cfg)
+        self.target = TargetLM(self.tcfg)
+        t0 = time.perf_counter()
+        self.tp = random_params(qwen3.param_shapes(self.tcfg), 0)
+        backbone = random_params(dflash.param_shapes(self.domino_cfg), 1)
+        head = random_params(domino_head.head_param_shapes(self.domino_cfg), 2)
+        jax.block_until_ready((self.tp, backbone, head))
+        self.results["init_seconds"] = time.perf_counter() - t0
+        self.dp = {"domino": {"backbone": backbone, "head": head},
+                   "dflash": {"backbone": backbone}}
+        self.drafters = {"domino": ChainDrafter(self.domino_cfg, self.target, "domino"),
+                         "dflash": ChainDrafter(self.dflash_cfg, self.target, "dflash")}
+        t = self.tcfg
+        embed = tree_bytes(self.tp["embed_tokens"])
+        target_total = tree_bytes(self.tp)
+        lm_head = t.hidden_size * t.vocab_size * 2
+        head_w2 = tree_bytes(head["embed_proj_2"])
+        n_corr = self.domino_cfg.k_draft - self.domino_cfg.pure_draft_prefix_len
+        self.bytes = {
+            "target_params_total": target_total,
+            "target_embedding": embed,
+            "target_streamed": target_total - embed,          # 15.14 GB for Qwen3-8B
+            "target_kv_per_token": 2 * t.num_layers * t.num_kv_heads * t.head_dim * 2,
+            "lm_head": lm_head,
+            "draft_backbone": tree_bytes(backbone),
+            "draft_kv_per_token": (2 * self.domino_cfg.num_layers * self.domino_cfg.num_kv_heads
+                                   * self.domino_cfg.head_dim * 2),
+            "head_total": tree_bytes(head),
+            "head_w2": head_w2,
+            "head_corrected_steps": n_corr,
+            # each corrected step re-reads W2 (78 MB > L2); the rest of the head once
+            "head_floor": n_corr * head_w2 + tree_bytes(head) - head_w2,
+        }
+        self.results["bytes"] = self.bytes
+        self.results["params"] = {"target": target_total // 2, "draft_backbone":
+                                  self.bytes["draft_backbone"] // 2,
+                                  "head": self.bytes["head_total"] // 2}
+        log(f"params on device: target {target_total / 1e9:.2f} GB (streamed "
+            f"{self.bytes['target_streamed'] / 1e9:.2f} GB), backbone "
+            f"{self.bytes['draft_backbone'] / 1e9:.3f} GB, head {self.bytes['head_total'] / 1e6:.1f}"
+            f" MB; init {self.results['init_seconds']:.1f}s")
+
+    def ar_floor_bytes(self, context: int) -> int:
+        return self.bytes["target_streamed"] + context * self.bytes["target_kv_per_token"]
+
+    def stage_floor_bytes(self, method: str, context: int) -> dict:
+        b = self.bytes
+        k = self.drafters[method].num_drafts
+        vocab = self.tcfg.vocab_size
+        head = b["head_floor"] if method == "domino" else k * vocab * 4
+        return {"backbone": b["draft_backbone"] + context * b["draft_kv_per_token"],
+                "lm_head": b["lm_head"],
+                "head": head,
+                "verify": self.ar_floor_bytes(context),
+                "commit": (k + 1) * vocab * 4}
+
+    # ---- loops
+
+    def decode_config(self, method: str, capacity: int | None = None) -> DecodeConfig:
+        return DecodeConfig(method=method, max_new_tokens=self.args.new_tokens, capacity=capacity)
+
+    def gen(self, method: str, prompt: list[int], config: DecodeConfig, seed: int):
+        drafter = self.drafters.get(method) if method != "ar" else None
+        dp = self.dp.get(method) if method != "ar" else None
+        t0 = time.perf_counter()
+        res = generate(self.target, self.tp, [prompt], config, drafter=drafter,
+                       draft_params=dp, seed=seed)
+        return res, time.perf_counter() - t0
+
+    def measure_loop(self, method: str, plen: int, config: DecodeConfig | None = None,
+                     label: str | None = None) -> dict:
+        a = self.args
+        config = config or self.decode_config(method)
+        vocab = self.tcfg.vocab_size
+        res, wall = self.gen(method, random_prompt(plen, vocab, 100), config, seed=0)
+        compile_s = res.compile_seconds
+        runs = []
+        for r in range(a.loop_reps):                       # rotate prompts
+            res, wall = self.gen(method, random_prompt(plen, vocab, 200 + r), config, seed=r)
+            rounds = int(res.rounds[0])
+            runs.append({"wall_s": wall, "prefill_s": res.prefill_seconds,
+                         "decode_s": res.decode_seconds, "rounds": rounds,
+                         "new_tokens": res.new_tokens, "tau": res.tau})
+        med = lambda key: statistics.median(r[key] for r in runs)  # noqa: E731
+        rounds = statistics.median(r["rounds"] for r in runs)
+        new_tokens = statistics.median(r["new_tokens"] for r in runs)
+        entry = {
+            "method": method, "prompt_len": plen, "compile_s": compile_s,
+            "verify_width": res.verify_width, "runs": runs,
+            "round_ms": 1e3 * med("decode_s") / max(rounds, 1),
+            "rounds": rounds, "tau_observed": statistics.median(r["tau"] for r in runs),
+            "prefill_ms": 1e3 * med("prefill_s"),
+            "generate_ms_per_token": 1e3 * med("wall_s") / max(new_tokens, 1),
+            # tokens after the first one come from the loop
+            "decode_ms_per_token": 1e3 * med("decode_s") / max(new_tokens - 1, 1),
+        }
+        entry["ms"] = entry["round_ms"]
+        log(f"  {label or method} L={plen}: round {entry['round_ms']:.3f} ms x {rounds:.0f} "
+            f"rounds, decode {entry['decode_ms_per_token']:.3f} ms/token, generate "
+            f"{entry['generate_ms_per_token']:.3f} ms/token (incl. prefill "
+            f"{entry['prefill_ms']:.1f} ms), tau {entry['tau_observed']:.2f}, compile "
+            f"{compile_s:.1f}s")
+        return entry
+
+    # ---- stage functions
+
+    def stage_inputs(self, method: str, plen: int):
+        """A post-prefill DecodeState (real caches) for ``method`` at prompt length ``plen``."""
+        drafter = self.drafters.get(method) if method != "ar" else None
+        dp = self.dp.get(method) if method != "ar" else None
+        config = self.decode_config(method)
+        prompt, prompt_len = speculative.pad_prompts([random_prompt(plen, self.tcfg.vocab_size, 7)])
+        k = drafter.num_drafts if drafter is not None else 0
+        capacity = speculative.required_capacity(plen, config, k)
+        key = jax.random.PRNGKey(0)
+        prefill_fn, _, _ = speculative._compiled(self.target, drafter, config, self.tp, dp,
+                                                 prompt, prompt_len, key, capacity)
+        return prefill_fn(self.tp, dp, prompt, prompt_len, key), config
+
+    def measure_stages(self, method: str, plen: int) -> dict:
+        reps = self.args.stage_reps
+        target, tp = self.target, self.tp
+        state, config = self.stage_inputs(method, plen)
+        batch = 1
+        key = jax.random.PRNGKey(3)
+        out: dict = {}
+        floors = self.stage_floor_bytes(method, plen) if method != "ar" else {}
+
+        if method == "ar":
+            verify_fn = jax.jit(lambda p, t, pos, c: target.apply(
+                {"params": p}, t, pos, cache=c), donate_argnums=(3,))
+            cache = {"c": state.target_cache}
+            tokens = state.root[:, None]
+            pos = state.target_cache.lengths[:, None]
+            compiled, cs = compile_timed(verify_fn, tp, tokens, pos, cache["c"])
+
+            def step():
+                o = compiled(tp, tokens, pos, cache["c"])
+                cache["c"] = o.cache
+                return o.logits
+            out["ar_step"] = with_floor(dict(time_calls(step, reps), compile_s=cs),
+                                        self.ar_floor_bytes(plen))
+            log(f"  ar_step (standalone jit) L={plen}: {out['ar_step']['ms']:.3f} ms, floor "
+                f"{out['ar_step']['floor_ms']:.3f} ms ({out['ar_step']['pct_of_floor']:.0f}%)")
+            return out
+
+        drafter = self.drafters[method]
+        dp = self.dp[method]
+        k = drafter.num_drafts
+        dcfg = drafter.config
+        width = state.context.shape[1]
+        ctx_len = jnp.full((batch,), min(max(self.args.forced_taus or [6]), width), jnp.int32)
+        context = (0.5 * jax.random.normal(key, state.context.shape, jnp.float32)
+                   ).astype(state.context.dtype)
+        # copies: the caches (lengths included) are donated below
+        root, start = jnp.array(state.root), jnp.array(state.target_cache.lengths)
+        dcache = {"c": state.draft_cache}
+        tcache = {"c": state.target_cache}
+
+        # 1. draft backbone (embed the block, fc + layers; cache committed then rolled back)
+        def backbone(dparams, tparams, root, start, context, context_len, draft_cache):
+            context_pos = (start - context_len)[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
+            embeds, block_pos = drafter._block(tparams, root, start)
+            hidden, draft_cache = drafter.backbone.apply(
+                {"params": dparams["backbone"]}, context, context_pos, context_len, embeds,
+                block_pos, draft_cache)
+            if method == "dflash" or not dcfg.shift_label:
+                hidden = hidden[:, 1:]
+            hidden = hidden[:, :k]
+            # keep the committed length fixed across repeated calls
+            return hidden, draft_cache.replace(lengths=draft_cache.lengths - context_len)
+
+        bb, cs = compile_timed(jax.jit(backbone, donate_argnums=(6,)), dp, tp, root, start,
+                               context, ctx_len, dcache["c"])
+
+        def run_bb():
+            h, dcache["c"] = bb(dp, tp, root, start, context, ctx_len, dcache["c"])
+            return h
+        out["backbone"] = dict(time_calls(run_bb, reps), compile_s=cs)
+        hidden = run_bb()
+
+        # 2. LM head on the K draft rows
+        lm = jax.jit(lambda p, h: drafter._lm_head(p, h))
+        lm_c, cs = compile_timed(lm, tp, hidden)
+        out["lm_head"] = dict(time_calls(lambda: lm_c(tp, hidden), reps), compile_s=cs)
+        base = lm_c(tp, hidden)
+
+        # 3. head: Domino rollout, or DFlash argmax
+        argmax = lambda logits, _key: jnp.argmax(logits, axis=-1).astype(jnp.int32)  # noqa: E731
+        if method == "domino":
+            def head_fn(dparams, tparams, hidden, base, root, key):
+                root_embed = drafter._embed(tparams, root)
+                return domino_head.rollout(dparams["head"], dcfg, hidden, base, root_embed,
+                                           tparams["embed_tokens"]["embedding"], argmax, key,
+                                           use_input_table=drafter.use_input_table)[0]
+            hd, cs = compile_timed(jax.jit(head_fn), dp, tp, hidden, base, root, key)
+            out["head"] = dict(time_calls(lambda: hd(dp, tp, hidden, base, root, key), reps),
+                               compile_s=cs)
+            drafts = hd(dp, tp, hidden, base, root, key)
+        else:
+            am = jax.jit(lambda b: jnp.argmax(b, axis=-1).astype(jnp.int32))
+            hd, cs = compile_timed(am, base)
+            out["head"] = dict(time_calls(lambda: hd(base), reps), compile_s=cs)
+            drafts = hd(base)
+
+        # 1+2+3 together: the drafter's propose() exactly as the loop calls it
+        def propose(tparams, dparams, root, start, context, context_len, draft_cache, key):
+            d, _, c = drafter.propose(tparams, dparams, root, start, context, context_len,
+                                      draft_cache, key, config)
+            return d, c.replace(lengths=c.lengths - context_len)
+        pr, cs = compile_timed(jax.jit(propose, donate_argnums=(6,)), tp, dp, root, start,
+                               context, ctx_len, dcache["c"], key)
+
+        def run_pr():
+            d, dcache["c"] = pr(tp, dp, root, start, context, ctx_len, dcache["c"], key)
+            return d
+        out["draft_total"] = dict(time_calls(run_pr, reps), compile_s=cs)
+
+        # 4. verify: target forward over [root, drafts] with the KV cache (donated, in place)
+        tokens = jnp.concatenate([root[:, None], drafts], axis=1)
+        positions = start[:, None] + jnp.arange(k + 1, dtype=jnp.int32)[None, :]
+        tap_ids = drafter.tap_ids
+        vf = jax.jit(lambda p, t, pos, c: target.apply({"params": p}, t, pos, cache=c,
+                                                       tap_ids=tap_ids), donate_argnums=(3,))
+        vf_c, cs = compile_timed(vf, tp, tokens, positions, tcache["c"])
+        holder = {}
+
+        def run_verify():
+            o = vf_c(tp, tokens, positions, tcache["c"])
+            tcache["c"] = o.cache
+            holder["out"] = o
+            return o.logits
+        out["verify"] = dict(time_calls(run_verify, reps), compile_s=cs)
+        vout = holder["out"]
+
+        # 5. commit: acceptance, output writes, cache advance, next draft context
+        def commit(st, drafts, logits, taps, hidden, lengths, key):
+            log_p = target_log_probs(logits, config.sampling)
+            accepted, bonus = speculative.verify_match(key, drafts, log_p)
+            committed = jnp.concatenate([drafts, jnp.zeros((batch, 1), jnp.int32)], axis=1)
+            slot = jnp.arange(k + 1)[None, :]
+            committed = jnp.where(slot == accepted[:, None], bonus[:, None], committed)
+            count = accepted + 1
+            stop_at = speculative._first_stop(committed, count, config.stop_token_ids)
+            count = jnp.where(stop_at < count, stop_at + 1, count)
+            live = ~st.done
+            out_tokens = jnp.where(live[:, None], speculative._write_rows(
+                st.out_tokens, st.num_out, committed), st.out_tokens)
+            num_out = st.num_out + jnp.where(live, count, 0)
+            done = st.done | (live & (num_out >= config.max_new_tokens))
+            new_lengths = lengths + jnp.where(live, accepted + 1, 0)
+            feats = dflash.context_features(dcfg, taps, hidden)
+            hist = st.accept_hist + jax.nn.one_hot(count, st.accept_hist.shape[1],
+                                                   dtype=jnp.int32) * live[:, None]
+            return out_tokens, num_out, done, jnp.where(live, bonus, st.root), new_lengths, \
+                feats.astype(st.context.dtype), hist
+
+        small = state.replace(target_cache=None, draft_cache=None)
+        cm, cs = compile_timed(jax.jit(commit), small, drafts, vout.logits, vout.taps,
+                               vout.hidden, start, key)
+        out["commit"] = dict(time_calls(lambda: cm(small, drafts, vout.logits, vout.taps,
+                                                   vout.hidden, start, key), reps), compile_s=cs)
+
+        for name, nbytes in floors.items():
+            with_floor(out[name], nbytes)
+        with_floor(out["draft_total"], floors["backbone"] + floors["lm_head"] + floors["head"])
+        out["sum_of_stages_ms"] = sum(out[s]["ms"] for s in
+                                      ("draft_total", "verify", "commit"))
+        out["round_floor_ms"] = floor_ms(sum(floors.values()))
+        parts = ", ".join(f"{s} {out[s]['ms']:.3f}" for s in
+                          ("backbone", "lm_head", "head", "draft_total", "verify", "commit"))
+        log(f"  {method} stages L={plen} (ms): {parts}; sum {out['sum_of_stages_ms']:.3f}, "
+            f"round floor {out['round_floor_ms']:.3f}")
+        return out
+
+    # ---- forced acceptance
+
+    def measure_forced(self, method: str, plen: int, tau: int) -> dict:
+        """The real loop with ``accepted = tau - 1`` every round (verify_match patched)."""
+        drafter = self.drafters[method]
+        k = drafter.num_drafts
+        forced = min(tau - 1, k)
+
+        def forced_match(key, drafts, log_p):
+            del key
+            b = drafts.shape[0]
+            accepted = jnp.full((b,), forced, jnp.int32)
+            bonus = jnp.argmax(log_p[:, forced], axis=-1).astype(jnp.int32)
+            return accepted, bonus
+
+        needed = speculative.required_capacity(plen, self.decode_config(method), k)
+        # a distinct static config forces a fresh trace under the patch
+        config = self.decode_config(method, capacity=needed + tau)
+        original = speculative.verify_match
+        speculative.verify_match = forced_match
+        try:
+            entry = self.measure_loop(method, plen, config, label=f"{method} forced tau={tau}")
+        finally:
+            speculative.verify_match = original
+        entry["forced_tau"] = tau
+        return entry
+
+    # ---- Hugging Face
+
+    def run_hf(self, plen: int):
+        timeout = max(30.0, self.left() - 15.0)
+        payload = json.dumps({"tiny": self.args.tiny, "prompt_len": plen,
+                              "new_tokens": self.args.new_tokens,
+                              "config": self.tcfg.to_hf_dict()})
+        out_file = os.path.join(self.args.out, f".hf_{self.stamp}.json")
+        cmd = [sys.executable, os.path.abspath(__file__), "--hf-worker", out_file,
+               "--prompt-lens", str(plen), "--new-tokens", str(self.args.new_tokens)]
+        env = dict(os.environ, BENCH_HF_PAYLOAD=payload, PYTHONUNBUFFERED="1")
+        log(f"  HF worker (timeout {timeout:.0f}s): {' '.join(cmd[1:3])} ...")
+        try:
+            proc = subprocess.run(cmd, env=env, timeout=timeout)
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        result = {}
+        if os.path.exists(out_file):          # the worker saves after every mode
+            with open(out_file) as f:
+                result = json.load(f)
+            os.remove(out_file)
+        result["returncode"] = rc
+        self.results["hf"][str(plen)] = result
+
+    # ---- summary
+
+    def summarise(self):
+        """c, projected speedups and ratios from whatever has been measured."""
+        for plen_s, pr in self.results["prompts"].items():
+            plen = int(plen_s)
+            loops = pr.get("loops", {})
+            ar = loops.get("ar")
+            if not ar:
+                continue
+            mid = plen + self.args.new_tokens // 2
+            with_floor(ar, self.ar_floor_bytes(mid))
+            ar_ms = ar["round_ms"]
+            pr["ar_step_ms"] = ar_ms
+            for method in ("dflash", "domino"):
+                loop = loops.get(method)
+                if not loop:
+                    continue
+                floors = self.stage_floor_bytes(method, mid)
+                with_floor(loop, sum(floors.values()))
+                c = loop["round_ms"] / ar_ms
+                c_floor = loop["floor_ms"] / ar["floor_ms"]
+                loop["c"] = c
+                loop["c_floor"] = c_floor
+                loop["projected_speedup"] = {str(t): t / c for t in TAUS}
+                loop["projected_ms_per_token"] = {str(t): loop["round_ms"] / t for t in TAUS}
+            for key, forced in pr.get("forced", {}).items():
+                forced["speedup_vs_ar"] = ar["decode_ms_per_token"] / forced["decode_ms_per_token"]
+                forced["c"] = forced["round_ms"] / ar_ms
+            hf = self.results["hf"].get(plen_s, {})
+            for mode in ("static", "dynamic"):
+                m = hf.get(mode) or {}
+                if m.get("ms_per_token"):
+                    m["ours_generate_over_hf"] = ar["generate_ms_per_token"] / m["ms_per_token"]
+                    m["hf_over_ours_generate"] = m["ms_per_token"] / ar["generate_ms_per_token"]
+
+    def markdown(self) -> str:
+        r = self.results
+        lines = [f"# Decode benchmark {r['date']}", "",
+                 f"- device: {r['device']['kind']} ({r['device']['platform']}); commit "
+                 f"`{r['git_commit']}`; shape {r['shape']}, batch 1, {r['new_tokens']} new tokens",
+                 f"- versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()),
+                 f"- XLA_FLAGS: `{r['xla_flags'] or '(none)'}`; floors at "
+                 f"{HBM_BYTES_PER_S / 1e12:.1f} TB/s; % = floor / measured", ""]
+        for plen_s, pr in r["prompts"].items():
+            lines += [f"## prompt {plen_s}", "",
+                      "| what | ms | floor ms | % of floor | c | note |", "|---|---|---|---|---|---|"]
+            loops = pr.get("loops", {})
+            for method, loop in loops.items():
+                note = (f"{loop['decode_ms_per_token']:.3f} ms/token decode, "
+                        f"{loop['generate_ms_per_token']:.3f} generate; tau {loop['tau_observed']:.2f}")
+                if "projected_speedup" in loop:
+                    note += "; speedup at tau 4/6/8: " + "/".join(
+                        f"{v:.2f}" for v in loop["projected_speedup"].values())
+                lines.append(f"| {method} round (loop) | {loop['round_ms']:.3f} | "
+                             f"{loop.get('floor_ms', float('nan')):.3f} | "
+                             f"{loop.get('pct_of_floor', float('nan')):.0f} | "
+                             f"{loop.get('c', 1.0 if method == 'ar' else float('nan')):.3f} | {note} |")
+            for method, stages in pr.get("stages", {}).items():
+                for name, s in stages.items():
+                    if not isinstance(s, dict):
+                        continue
+                    lines.append(f"| {method} {name} (own jit) | {s['ms']:.3f} | "
+                                 f"{s.get('floor_ms', float('nan')):.3f} | "
+                                 f"{s.get('pct_of_floor', float('nan')):.0f} | | "
+                                 f"pipelined {s['ms_pipelined_mean']:.3f} |")
+            for key, f in pr.get("forced", {}).items():
+                lines.append(f"| {key} (loop) | {f['round_ms']:.3f} | | | {f.get('c', float('nan')):.3f}"
+                             f" | {f['decode_ms_per_token']:.3f} ms/token, measured speedup "
+                             f"{f.get('speedup_vs_ar', float('nan')):.2f} |")
+            hf = r["hf"].get(plen_s)
+            if hf:
+                for mode in ("static", "dynamic"):
+                    m = hf.get(mode) or {}
+                    if m.get("ms_per_token"):
+                        lines.append(f"| HF generate {mode} cache | {m['ms_per_token']:.3f} "
+                                     f"ms/token | | | | HF/ours (generate) "
+                                     f"{m.get('hf_over_ours_generate', float('nan')):.2f}x |")
+                    elif m.get("error"):
+                        lines.append(f"| HF generate {mode} cache | error | | | | "
+                                     f"{m['error'][:80]} |")
+            lines.append("")
+        if r["skipped"]:
+            lines.append("Skipped (time budget): " + ", ".join(s["task"] for s in r["skipped"]))
+        if r["errors"]:
+            lines.append("Errors: " + "; ".join(f"{e['task']}: {e['error'][:120]}"
+                                                for e in r["errors"]))
+        return "\n".join(lines) + "\n"
+
+    def plot(self, path: str):
+        try:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except Exception:  # noqa: BLE001
+            return False
+        labels, values = [], []
+        for plen_s, pr in self.results["prompts"].items():
+            loops = pr.get("loops", {})
+            if "ar" in loops:
+                labels.append(f"ours AR\nL={plen_s}")
+                values.append(loops["ar"]["decode_ms_per_token"])
+                labels.append(f"AR floor\nL={plen_s}")
+                values.append(loops["ar"].get("floor_ms", 0.0))
+            for m in ("dflash", "domino"):
+                if m in loops and "projected_ms_per_token" in loops[m]:
+                    labels.append(f"{m} @tau6\nL={plen_s}")
+                    values.append(loops[m]["projected_ms_per_token"]["6"])
+            for mode in ("static", "dynamic"):
+                m = (self.results["hf"].get(plen_s) or {}).get(mode) or {}
+                if m.get("ms_per_token"):
+                    labels.append(f"HF {mode}\nL={plen_s}")
+                    values.append(m["ms_per_token"])
+        if not values:
+            return False
+        fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(values)), 4))
+        ax.bar(range(len(values)), values, color="tab:blue")
+        ax.set_xticks(range(len(values)), labels, fontsize=7)
+        ax.set_ylabel("ms / token")
+        ax.set_title(f"decode, {self.results['device']['kind']}, batch 1")
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        return True
+
+    def save(self):
+        os.makedirs(self.args.out, exist_ok=True)
+        self.results["elapsed_s"] = self.elapsed()
+        try:
+            self.summarise()
+        except Exception as e:  # noqa: BLE001
+            self.results.setdefault("summary_error", repr(e))
+        base = os.path.join(self.args.out, f"decode_{self.stamp}")
+        tmp = base + ".json.tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.results, f, indent=1, default=float)
+        os.replace(tmp, base + ".json")
+        with open(base + ".md", "w") as f:
+            f.write(self.markdown())
+        try:
+            self.results["plot"] = base + ".png" if self.plot(base + ".png") else None
+        except Exception as e:  # noqa: BLE001
+            self.results["plot"] = f"failed: {e!r}"
+        self.paths = (base + ".json", base + ".md")
+
+    # ---- driver
+
+    def run(self):
+        a = self.args
+        log(f"device {self.results['device']}; versions {self.results['versions']}; "
+            f"XLA_FLAGS={self.results['xla_flags']!r}; budget {a.time_budget_s:.0f}s")
+        self.build_models()
+        self.save()
+        spec_methods = [m for m in ("domino", "dflash") if m in a.methods]
+        for i, plen in enumerate(a.prompt_lens):
+            pr = self.results["prompts"].setdefault(str(plen), {"loops": {}, "stages": {},
+                                                                "forced": {}})
+            if "ar" in a.methods:
+                self.run_task(f"loop ar L={plen}", "loop_ar",
+                              lambda: pr["loops"].__setitem__("ar", self.measure_loop("ar", plen)),
+                              30)
+            for m in spec_methods:
+                self.run_task(f"loop {m} L={plen}", f"loop_{m}",
+                              lambda m=m: pr["loops"].__setitem__(m, self.measure_loop(m, plen)),
+                              40)
+            for m in (["ar"] if "ar" in a.methods else []) + spec_methods:
+                self.run_task(f"stages {m} L={plen}", f"stages_{m}",
+                              lambda m=m: pr["stages"].__setitem__(m, self.measure_stages(m, plen)),
+                              30)
+            if i == 0 and not a.skip_hf and plen == a.hf_prompt_len:
+                self.run_task(f"hf L={plen}", "hf", lambda: self.run_hf(plen), 150)
+        if not a.skip_hf and a.hf_prompt_len not in a.prompt_lens:
+            self.run_task(f"hf L={a.hf_prompt_len}", "hf", lambda: self.run_hf(a.hf_prompt_len), 150)
+        plen = a.prompt_lens[0]
+        pr = self.results["prompts"][str(plen)]
+        for tau in a.forced_taus:
+            for m in spec_methods:
+                self.run_task(f"forced {m} tau={tau} L={plen}", f"forced_{m}",
+                              lambda m=m, tau=tau: pr["forced"].__setitem__(
+                                  f"{m}_tau{tau}", self.measure_forced(m, plen, tau)), 40)
+        self.results["complete"] = True
+        self.save()
+        print(self.markdown(), flush=True)
+        log(f"wrote {self.paths[0]} and {self.paths[1]}")
+
+
+# --------------------------------------------------------------------------- HF worker
+
+def hf_worker(args) -> None:
+    """Child process: HF generate (dynamic, then static cache); results to ``args.hf_worker``."""
+    payload = json.loads(os.environ["BENCH_HF_PAYLOAD"])
+    out_path = args.hf_worker
+    result: dict = {"prompt_len": payload["prompt_len"], "new_tokens": payload["new_tokens"]}
+
+    def save():
+        with open(out_path, "w") as f:
+            json.dump(result, f, indent=1)
+
+    try:
+        import torch
+        import transformers
+    except Exception as e:  # noqa: BLE001
+        result["error"] = f"import failed: {e!r}"
+        save()
+        return
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not payload["tiny"]:
+        result["error"] = "no CUDA device for torch"
+        save()
+        return
+    result.update(torch=torch.__version__, transformers=transformers.__version__,
+                  device=torch.cuda.get_device_name(0) if device == "cuda" else "cpu")
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    raw = dict(payload["config"])
+    raw.pop("architectures", None)
+    raw.pop("model_type", None)
+    config = transformers.Qwen3Config(**raw)
+    config._attn_implementation = "sdpa"
+    t0 = time.perf_counter()
+    with torch.device("meta"):
+        model = transformers.Qwen3ForCausalLM(config)
+    model = model.to(torch.bfloat16).to_empty(device=device)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() == 1:
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, 0.02)
+        try:   # non-persistent RoPE buffers were left uninitialised by to_empty
+            rotary = model.model.rotary_emb
+            model.model.rotary_emb = type(rotary)(config=config, device=device)
+        except Exception as e:  # noqa: BLE001
+            result["rotary_warning"] = repr(e)
+    model.eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    sync()
+    result["init_s"] = time.perf_counter() - t0
+    plen, new = payload["prompt_len"], payload["new_tokens"]
+    vocab = config.vocab_size
+    print(f"[hf] model ready on {device} in {result['init_s']:.1f}s", flush=True)
+
+    def one(ids, cache_impl, max_new):
+        kwargs = dict(max_new_tokens=max_new, min_new_tokens=max_new, do_sample=False,
+                      attention_mask=torch.ones_like(ids), pad_token_id=0)
+        if cache_impl:
+            kwargs["cache_implementation"] = cache_impl
+        sync()
+        t = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(ids, **kwargs)
+        sync()
+        return time.perf_counter() - t, out.shape[1] - ids.shape[1]
+
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, min(vocab, 150000), (1, plen), generator=gen).to(device)
+               for _ in range(4)]
+    # dynamic first (cheap warm-up), then static (its first call compiles the forward)
+    for mode, cache_impl, warm_new, reps in (("dynamic", None, 16, 2), ("static", "static", new, 3)):
+        entry: dict = {}
+        try:
+            t_warm, _ = one(prompts[0], cache_impl, warm_new)
+            entry["warmup_s"] = t_warm
+            print(f"[hf] {mode}: warm-up {t_warm:.1f}s", flush=True)
+            runs = []
+            for r in range(reps):
+                dt, n = one(prompts[1 + r % 3], cache_impl, new)
+                runs.append({"s": dt, "new_tokens": int(n)})
+                print(f"[hf] {mode}: {1e3 * dt / max(n, 1):.2f} ms/token ({n} tokens)", flush=True)
+            entry["runs"] = runs
+            entry["ms_per_token"] = statistics.median(1e3 * x["s"] / max(x["new_tokens"], 1)
+                                                      for x in runs)
+        except Exception as e:  # noqa: BLE001
+            entry["error"] = repr(e)
+            entry["traceback"] = traceback.format_exc()[-3000:]
+            print(f"[hf] {mode} failed: {e!r}", flush=True)
+        result[mode] = entry
+        save()
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    save()
+
+
+def main():
+    args = ARGS if ARGS is not None else parse_args()
+    if args.hf_worker:
+        hf_worker(args)
+        return
+    bench = Bench(args)
+    bench.run()
+
+
+if __name__ == "__main__":
+    main()
