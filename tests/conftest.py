@@ -8,6 +8,7 @@ transformers (float32, eager attention) holds to ~1e-6. Models are built inside 
 from __future__ import annotations
 
 import os
+import re
 import zlib
 
 import jax
@@ -43,8 +44,15 @@ def rel_err(ours, ref) -> float:
     return float(np.max(np.abs(ours - ref)) / max(np.max(np.abs(ref)), 1e-30))
 
 
+# Worst relative error seen per check (``what`` with digits as "#"), printed in
+# pytest's terminal summary so a run states the max errors reached.
+MAX_REL_ERRORS: dict[str, float] = {}
+
+
 def assert_close(ours, ref, tol: float = REL_TOL, what: str = ""):
     err = rel_err(ours, ref)
+    kind = re.sub(r"\d+", "#", what) or "unnamed"
+    MAX_REL_ERRORS[kind] = max(MAX_REL_ERRORS.get(kind, 0.0), err)
     assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.0e}"
     return err
 
@@ -179,6 +187,13 @@ def float32_target():
         return cache[folder]
 
     return get
+
+
+def pytest_terminal_summary(terminalreporter):
+    if MAX_REL_ERRORS:
+        terminalreporter.write_sep("-", "max relative errors (parity checks)")
+        for kind, err in sorted(MAX_REL_ERRORS.items(), key=lambda kv: -kv[1]):
+            terminalreporter.write_line(f"{err:.2e}  {kind}")
 
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

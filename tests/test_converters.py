@@ -87,7 +87,8 @@ def test_export_round_trip(variant, tied, hf_checkpoints, float32_target, tmp_pa
     new_logits = hf_forward(reloaded, tokens)[0]
     np.testing.assert_allclose(new_logits, ref_logits, rtol=0, atol=1e-6 * np.abs(ref_logits).max())
     if variant == "qwen3":   # and our own forward on the exported weights
-        assert_close(forward(model, params2, tokens, positions_for(1, 8)).logits, ref_logits)
+        assert_close(forward(model, params2, tokens, positions_for(1, 8)).logits, ref_logits,
+                     what="exported params logits")
 
 
 def test_sharded_checkpoint_loads(tmp_path):
@@ -108,7 +109,17 @@ def test_sharded_checkpoint_loads(tmp_path):
         load_target(folder, dtype=jnp.float32)
 
 
-def test_bfloat16_load_dtype(hf_checkpoints):
-    _, folder = hf_checkpoints("qwen3", False)
-    _, params = load_target(folder)
+def test_bfloat16_checkpoint_loads_exactly(tmp_path):
+    """Real Qwen3 checkpoints are bf16: read without torch, values bit-exact."""
+    import torch
+
+    hf_model = build_hf_model("qwen3", True, seed=3).to(torch.bfloat16)
+    folder = save_hf(hf_model, tmp_path)
+    _, params = load_target(folder)   # default dtype bf16
     assert {x.dtype for x in jax.tree_util.tree_leaves(params)} == {jnp.dtype(jnp.bfloat16)}
+    ours = np.asarray(params["layers_1"]["mlp"]["up_proj"]["kernel"].astype(jnp.float32))
+    ref = hf_model.model.layers[1].mlp.up_proj.weight.detach().float().numpy().T
+    np.testing.assert_array_equal(ours, ref)
+    _, params32 = load_target(folder, dtype=jnp.float32)
+    np.testing.assert_array_equal(np.asarray(params32["embed_tokens"]["embedding"]),
+                                  hf_model.model.embed_tokens.weight.detach().float().numpy())
