@@ -56,7 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (smoke test)")
     p.add_argument("--skip-hf", action="store_true", help="skip the Hugging Face baseline")
-    p.add_argument("--prompt-lens", default=None, help="comma list (default 512,2048; tiny 24,40)")
+    p.add_argument("--prompt-lens", default=None, help="comma list (default 512,2048; tiny 16)")
     p.add_argument("--new-tokens", type=int, default=None, help="default 256 (tiny 12)")
     p.add_argument("--hf-prompt-len", type=int, default=None,
                    help="prompt length of the HF baseline (default: the first prompt length)")
@@ -66,16 +66,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--xla-flags", default="", help="extra XLA_FLAGS, e.g. "
                    "'--xla_gpu_enable_latency_hiding_scheduler=true'")
     p.add_argument("--mem-fraction", default="0.5", help="XLA_PYTHON_CLIENT_MEM_FRACTION")
-    p.add_argument("--stage-reps", type=int, default=20, help="timed runs per stage function")
-    p.add_argument("--loop-reps", type=int, default=3, help="timed generate calls per method")
-    p.add_argument("--forced-taus", default="6",
-                   help="comma list of forced acceptance lengths for the loop ('' = none)")
+    p.add_argument("--stage-reps", type=int, default=None,
+                   help="timed runs per stage function (default 20; tiny 5)")
+    p.add_argument("--loop-reps", type=int, default=None,
+                   help="timed generate calls per method (default 3; tiny 1)")
+    p.add_argument("--forced-taus", default=None, help="comma list of forced acceptance "
+                   "lengths for the loop at the first prompt length (default 6; tiny 3; '' = none)")
+    p.add_argument("--hf-timeout-s", type=float, default=240.0,
+                   help="hard limit for the HF child process")
     p.add_argument("--methods", default="ar,domino,dflash")
     p.add_argument("--git-commit", default=None, help="recorded when .git is absent")
     p.add_argument("--hf-worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.prompt_lens is None:
-        args.prompt_lens = "24,40" if args.tiny else "512,2048"
+        args.prompt_lens = "16" if args.tiny else "512,2048"
     args.prompt_lens = [int(x) for x in str(args.prompt_lens).split(",") if x.strip()]
     if args.new_tokens is None:
         args.new_tokens = 12 if args.tiny else 256
@@ -83,6 +87,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.time_budget_s = 150.0 if args.tiny else 420.0
     if args.hf_prompt_len is None:
         args.hf_prompt_len = args.prompt_lens[0]
+    if args.stage_reps is None:
+        args.stage_reps = 5 if args.tiny else 20
+    if args.loop_reps is None:
+        args.loop_reps = 1 if args.tiny else 3
+    if args.forced_taus is None:
+        args.forced_taus = "3" if args.tiny else "6"
     args.forced_taus = [int(x) for x in str(args.forced_taus).split(",") if x.strip()]
     args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     return args
@@ -617,14 +627,16 @@ class Bench:
     # ---- Hugging Face
 
     def run_hf(self, plen: int):
-        timeout = max(30.0, self.left() - 15.0)
+        timeout = max(30.0, min(self.args.hf_timeout_s, self.left() - 15.0))
         payload = json.dumps({"tiny": self.args.tiny, "prompt_len": plen,
                               "new_tokens": self.args.new_tokens,
                               "config": self.tcfg.to_hf_dict()})
         out_file = os.path.join(self.args.out, f".hf_{self.stamp}.json")
         cmd = [sys.executable, os.path.abspath(__file__), "--hf-worker", out_file,
                "--prompt-lens", str(plen), "--new-tokens", str(self.args.new_tokens)]
-        env = dict(os.environ, BENCH_HF_PAYLOAD=payload, PYTHONUNBUFFERED="1")
+        # JAX_PLATFORMS=cpu: the child never touches the GPU through jax (no preallocation)
+        env = dict(os.environ, BENCH_HF_PAYLOAD=payload, PYTHONUNBUFFERED="1",
+                   JAX_PLATFORMS="cpu")
         log(f"  HF worker (timeout {timeout:.0f}s): {' '.join(cmd[1:3])} ...")
         try:
             proc = subprocess.run(cmd, env=env, timeout=timeout)
@@ -793,32 +805,43 @@ class Bench:
         self.build_models()
         self.save()
         spec_methods = [m for m in ("domino", "dflash") if m in a.methods]
-        for i, plen in enumerate(a.prompt_lens):
-            pr = self.results["prompts"].setdefault(str(plen), {"loops": {}, "stages": {},
-                                                                "forced": {}})
-            if "ar" in a.methods:
-                self.run_task(f"loop ar L={plen}", "loop_ar",
-                              lambda: pr["loops"].__setitem__("ar", self.measure_loop("ar", plen)),
-                              30)
-            for m in spec_methods:
+        loop_methods = (["ar"] if "ar" in a.methods else []) + spec_methods
+        # priority order: everything at the first prompt length, HF, the loops at the
+        # other lengths, the forced-acceptance loops, then the stages at the other lengths
+        for plen in a.prompt_lens:
+            self.results["prompts"].setdefault(str(plen), {"loops": {}, "stages": {},
+                                                           "forced": {}})
+
+        def loops(plen):
+            pr = self.results["prompts"][str(plen)]
+            for m in loop_methods:
                 self.run_task(f"loop {m} L={plen}", f"loop_{m}",
                               lambda m=m: pr["loops"].__setitem__(m, self.measure_loop(m, plen)),
                               40)
-            for m in (["ar"] if "ar" in a.methods else []) + spec_methods:
+
+        def stages(plen):
+            pr = self.results["prompts"][str(plen)]
+            for m in loop_methods:
                 self.run_task(f"stages {m} L={plen}", f"stages_{m}",
                               lambda m=m: pr["stages"].__setitem__(m, self.measure_stages(m, plen)),
                               30)
-            if i == 0 and not a.skip_hf and plen == a.hf_prompt_len:
-                self.run_task(f"hf L={plen}", "hf", lambda: self.run_hf(plen), 150)
-        if not a.skip_hf and a.hf_prompt_len not in a.prompt_lens:
-            self.run_task(f"hf L={a.hf_prompt_len}", "hf", lambda: self.run_hf(a.hf_prompt_len), 150)
-        plen = a.prompt_lens[0]
-        pr = self.results["prompts"][str(plen)]
+
+        first = a.prompt_lens[0]
+        loops(first)
+        stages(first)
+        if not a.skip_hf:
+            self.run_task(f"hf L={a.hf_prompt_len}", "hf", lambda: self.run_hf(a.hf_prompt_len),
+                          150)
+        for plen in a.prompt_lens[1:]:
+            loops(plen)
+        pr = self.results["prompts"][str(first)]
         for tau in a.forced_taus:
             for m in spec_methods:
-                self.run_task(f"forced {m} tau={tau} L={plen}", f"forced_{m}",
+                self.run_task(f"forced {m} tau={tau} L={first}", f"forced_{m}",
                               lambda m=m, tau=tau: pr["forced"].__setitem__(
-                                  f"{m}_tau{tau}", self.measure_forced(m, plen, tau)), 40)
+                                  f"{m}_tau{tau}", self.measure_forced(m, first, tau)), 40)
+        for plen in a.prompt_lens[1:]:
+            stages(plen)
         self.results["complete"] = True
         self.save()
         print(self.markdown(), flush=True)
@@ -870,8 +893,12 @@ def hf_worker(args) -> None:
             else:
                 param.normal_(0.0, 0.02)
         try:   # non-persistent RoPE buffers were left uninitialised by to_empty
-            rotary = model.model.rotary_emb
-            model.model.rotary_emb = type(rotary)(config=config, device=device)
+            rotary_cls = type(model.model.rotary_emb)
+            try:
+                rotary = rotary_cls(config=config, device=device)
+            except TypeError:                      # transformers >= 5.2x: no device arg
+                rotary = rotary_cls(config=config).to(device)
+            model.model.rotary_emb = rotary
         except Exception as e:  # noqa: BLE001
             result["rotary_warning"] = repr(e)
     model.eval()
