@@ -31,6 +31,7 @@ import datetime as _dt
 import functools
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -958,7 +959,19 @@ def main():
         hf_worker(args)
         return
     bench = Bench(args)
-    bench.run()
+
+    def on_term(signum, _frame):          # `timeout` sends SIGTERM: keep what we have
+        raise SystemExit(f"signal {signum}")
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        bench.run()
+    except BaseException as e:  # noqa: BLE001
+        log(f"stopped early: {e!r}")
+        bench.results["errors"].append({"task": "run", "error": repr(e),
+                                        "traceback": traceback.format_exc()[-4000:]})
+        bench.save()
+        print(bench.markdown(), flush=True)
+        raise
 
 
 if __name__ == "__main__":
