@@ -60,10 +60,20 @@ def tiny_target_config(vocab: int = 32, hidden: int = 32, layers: int = 2,
                         tie_word_embeddings=tie)
 
 
+@functools.lru_cache(maxsize=None)
+def _target_init(config: TargetConfig, seed: int):
+    return jax.jit(qwen3.init_params, static_argnums=0)(config, jax.random.PRNGKey(seed))
+
+
+@functools.lru_cache(maxsize=None)
+def _backbone_init(config: DraftConfig, seed: int):
+    return jax.jit(dflash.init_params, static_argnums=0)(config, jax.random.PRNGKey(seed))
+
+
 def tiny_target(seed: int, vocab: int = 64, lm_scale: float = 4.0, layers: int = 2):
     """Random target with a peaked (scaled) untied LM head."""
     config = tiny_target_config(vocab, 32, layers)
-    params = qwen3.init_params(config, jax.random.PRNGKey(seed))
+    params = _target_init(config, seed)
     params = _set(params, "embed_tokens/embedding",
                   jax.random.normal(jax.random.PRNGKey(seed + 100), (vocab, 32)))
     params = _set(params, "lm_head/kernel", params["lm_head"]["kernel"] * lm_scale)
@@ -85,7 +95,7 @@ def draft_config(vocab: int, *, block: int = 4, method: str = "domino", shift: b
 
 def tiny_draft(config: DraftConfig, seed: int, head_scale: float = 1.0):
     """Random backbone (+ head) params for ``config``."""
-    params = {"backbone": dflash.init_params(config, jax.random.PRNGKey(seed))}
+    params = {"backbone": _backbone_init(config, seed)}
     if config.has_domino_head:
         head = domino_head.init_head_params(config, jax.random.PRNGKey(seed + 1))
         head = _set(head, "embed_proj_2/kernel", head["embed_proj_2"]["kernel"] * head_scale)
@@ -117,7 +127,7 @@ def perm_target(perm: np.ndarray, attn_scale: float = 0.0, seed: int = 0,
     ``final_norm=0`` gives all-equal logits (greedy token 0 everywhere)."""
     vocab = len(perm)
     config = tiny_target_config(vocab, vocab, 2)
-    params = qwen3.init_params(config, jax.random.PRNGKey(seed))
+    params = _target_init(config, seed)
     params = _set(params, "embed_tokens/embedding", np.eye(vocab, dtype=np.float32))
     params = _set(params, "lm_head/kernel", lm_scale * perm_matrix(perm))
     params = _set(params, "norm/weight", np.full((vocab,), final_norm, np.float32))
