@@ -78,18 +78,25 @@ class ChainDrafter:
     def _lm_head(self, target_params, hidden):
         return self.target.apply({"params": target_params}, hidden, method=TargetLM.logits)
 
-    def _block(self, target_params, root, start):
+    def _block(self, target_params, root, start, draft_params=None):
         batch, block = root.shape[0], self.config.block_size
         tokens = jnp.full((batch, block), self.config.mask_token_id, jnp.int32)
         tokens = tokens.at[:, 0].set(root)
         positions = start[:, None] + jnp.arange(block, dtype=jnp.int32)[None, :]
-        return self._embed(target_params, tokens), positions
+        embeds = self._embed(target_params, tokens)
+        if draft_params is not None and "mask_embedding" in draft_params:
+            # our learned mask token (algorithms.md §9.15) replaces the target's mask row
+            slot = jnp.arange(block)[None, :, None]
+            embeds = jnp.where(slot > 0, draft_params["mask_embedding"].astype(embeds.dtype),
+                               embeds)
+        return embeds, positions
 
     def ingest_prompt(self, target_params, draft_params, features, positions, prompt_len,
                       capacity: int):
         """Fill an empty draft cache with the prompt context (the block is a dummy)."""
         cache = self._cache(features.shape[0], capacity)
-        embeds, block_pos = self._block(target_params, jnp.full_like(prompt_len, 0), prompt_len)
+        embeds, block_pos = self._block(target_params, jnp.full_like(prompt_len, 0), prompt_len,
+                                        draft_params)
         _, cache = self.backbone.apply({"params": draft_params["backbone"]}, features, positions,
                                        prompt_len, embeds, block_pos, cache)
         return cache
@@ -99,7 +106,7 @@ class ChainDrafter:
         """Draft K tokens after ``root`` (at absolute position ``start [B]``)."""
         width = context.shape[1]
         context_pos = (start - context_len)[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
-        embeds, block_pos = self._block(target_params, root, start)
+        embeds, block_pos = self._block(target_params, root, start, draft_params)
         hidden, draft_cache = self.backbone.apply(
             {"params": draft_params["backbone"]}, context, context_pos, context_len, embeds,
             block_pos, draft_cache)

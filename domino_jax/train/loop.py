@@ -30,7 +30,7 @@ from domino_jax.train import data as data_lib
 from domino_jax.train.config import TrainConfig, make_draft_config
 from domino_jax.train.loss import init_draft_params
 from domino_jax.train.step import (init_state, make_train_mesh, make_train_step, model_flops,
-                                   place, shard_batch, step_flops)
+                                   place, shard_batch, compile_step)
 
 log = logging.getLogger(__name__)
 MASK_EMBEDDING = "mask_embedding"
@@ -105,6 +105,9 @@ def restore_checkpoint(manager, abstract_state):
 
 # ----------------------------------------------------------------------------- loop
 
+_COMPILED: dict = {}
+
+
 @dataclasses.dataclass
 class TrainResult:
     draft_config: DraftConfig
@@ -128,10 +131,11 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
           draft_layers: int = 2, block_size: int = 16, gru_hidden_dim: int = 256,
           emb_dim: int = 64, mask_token_id: int | None = None, resume: bool = False,
           examples: list[dict] | None = None, target: TargetLM | None = None,
-          target_params: Any = None, export: bool = True, progress: bool = True
-          ) -> TrainResult:
+          target_params: Any = None, export: bool = True, progress: bool = True,
+          stop_after: int | None = None) -> TrainResult:
     """Train a drafter against a frozen target (loaded from ``target_dir`` unless
-    ``target``/``target_params`` are given) on ``data_path`` (or ``examples``)."""
+    ``target``/``target_params`` are given) on ``data_path`` (or ``examples``).
+    ``stop_after``: leave the loop after that global step (as if interrupted; tests)."""
     from tqdm.auto import tqdm
 
     compute = jnp.dtype(cfg.compute_dtype)
@@ -167,7 +171,6 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
         if restored is not None:
             state = restored
             log.info("resumed from step %d", int(state.step))
-    step_fn = make_train_step(cfg, config, target, mesh, s_shard, t_shard)
     start = int(state.step)
     seq_len = cfg.max_length
     flops_model = model_flops(cfg, config, target.config, seq_len)
@@ -178,7 +181,13 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
     first = data_lib.batch_for_step(examples, start, cfg.batch_size, cfg.micro_batches,
                                     cfg.max_length, cfg.seed)
     t0 = time.perf_counter()
-    flops_xla = step_flops(step_fn, state, shard_batch(first, mesh), target_params)
+    cache_key = (cfg, config, target, tuple(d.id for d in mesh.devices.flat),
+                 str(jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), target_params)))
+    if cache_key not in _COMPILED:      # same run settings in one process: compile once
+        step_fn = make_train_step(cfg, config, target, mesh, s_shard, t_shard)
+        _COMPILED[cache_key] = compile_step(step_fn, state, shard_batch(first, mesh),
+                                            target_params)
+    step_fn, flops_xla = _COMPILED[cache_key]
     compile_seconds = time.perf_counter() - t0
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress,
                desc=f"train {cfg.drafter}")
@@ -210,6 +219,8 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
             window_t, window_tokens, window_steps = time.perf_counter(), 0.0, 0
         if step % cfg.checkpoint_every == 0 or last:
             save_checkpoint(manager, state)
+        if stop_after is not None and step >= stop_after:
+            break
     metrics_file.close()
     host_params = jax.device_get(state.params)
     export_dir = None

@@ -50,7 +50,8 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
 
 
 def init_state(cfg: TrainConfig, params: Any) -> TrainState:
-    params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), params)
+    # a fresh copy: the step donates the state, the caller's arrays must stay alive
+    params = jax.tree_util.tree_map(lambda x: jnp.array(x, jnp.float32, copy=True), params)
     return TrainState(jnp.zeros((), jnp.int32), params, make_optimizer(cfg).init(params))
 
 
@@ -87,7 +88,7 @@ def train_step(state: TrainState, batch: dict, target_params: Any, *, cfg: Train
     summed = ("correct", "count", "tokens", "weight_sum")
     out = {k: (v.sum(0) if k in summed else v.mean(0)) for k, v in metrics.items()}
     out["lambda"] = lam
-    out["grad_norm"] = optax.global_norm(grads)
+    out["grad_norm"] = optax.tree.norm(grads)
     out["lr"] = jnp.asarray(make_lr(cfg)(state.step), jnp.float32)
     return TrainState(step, params, opt_state), out
 
@@ -152,15 +153,18 @@ def make_train_step(cfg: TrainConfig, config: DraftConfig, target: TargetLM, mes
                    out_shardings=(state_sharding, replicated), donate_argnums=(0,))
 
 
-def step_flops(step_fn, state, batch, target_params) -> float:
-    """XLA's FLOP count of one compiled step (0.0 when the backend does not report it)."""
+def compile_step(step_fn, state, batch, target_params):
+    """AOT-compile the step for these shapes/shardings: ``(compiled, xla_flops)`` (the FLOP
+    count from XLA's cost analysis, 0.0 when the backend does not report it)."""
+    compiled = step_fn.lower(state, batch, target_params).compile()
     try:
-        analysis = step_fn.lower(state, batch, target_params).compile().cost_analysis()
+        analysis = compiled.cost_analysis()
         if isinstance(analysis, (list, tuple)):
             analysis = analysis[0] if analysis else {}
-        return float(analysis.get("flops", 0.0))
+        flops = float(analysis.get("flops", 0.0))
     except Exception:  # noqa: BLE001  (cost analysis is best effort)
-        return 0.0
+        flops = 0.0
+    return compiled, flops
 
 
 def model_flops(cfg: TrainConfig, config: DraftConfig, target_config, seq_len: int) -> float:
