@@ -153,7 +153,7 @@ def test_export_load_identical_logits(target_params, tmp_path):
     from domino_jax.train.loop import export_trained_draft, load_trained_draft
     from domino_jax.train.loss import init_draft_params
 
-    config = make_draft_config(TARGET, "domino", 2, 4, 16, 8)
+    config = make_draft_config(TARGET, "domino", 1, 4, 16, 8)
     params = init_draft_params(config, jax.random.PRNGKey(5), True, target_params)
     export_trained_draft(config, params, str(tmp_path))
     loaded_config, loaded = load_trained_draft(str(tmp_path), jnp.float32)
@@ -233,12 +233,12 @@ def sharded_child() -> None:
     assert len(jax.devices()) == 8
     target = TargetLM(TARGET, dtype=jnp.float32, param_dtype=jnp.float32)
     tparams = init_params(TARGET, jax.random.PRNGKey(0))
-    config = make_draft_config(TARGET, "domino", 1, 4, 16, 8)
+    config = make_draft_config(TARGET, "dflash", 1, 4)
     params = init_draft_params(config, jax.random.PRNGKey(1), True, tparams)
     batch = data_lib.batch_for_step(synthetic_examples(16), 0, 8, 2, 48)
     results = []
     for mesh_shape, shard in (((1, 1, 1), False), ((2, 2, 2), True)):
-        cfg = TrainConfig(drafter="domino", steps=5, batch_size=8, micro_batches=2,
+        cfg = TrainConfig(drafter="dflash", steps=5, batch_size=8, micro_batches=2,
                           max_length=48, num_anchors=8, compute_dtype="float32",
                           mesh_data=mesh_shape[0], mesh_fsdp=mesh_shape[1],
                           mesh_tensor=mesh_shape[2], shard_drafter=shard)
