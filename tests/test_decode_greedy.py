@@ -251,3 +251,5 @@ def test_argument_errors():
         generate(target, params, [[1]], DecodeConfig(method="ar"), drafter=drafter)
     with pytest.raises(ValueError, match="needs a drafter"):
         generate(target, params, [[1]], DecodeConfig(method="dflash"))
+    with pytest.raises(ValueError, match="does not match"):     # would silently run DFlash
+        generate(target, params, [[1]], DecodeConfig(method="domino"), drafter=drafter)

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import itertools
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -146,7 +147,7 @@ def run_case(models, name):
                               draft_policy=policy, verify=verify)
         _RESULTS[name] = generate(models["target"], models["params"], [PROMPT] * ROWS, config,
                                   drafter=drafter, draft_params=dparams,
-                                  seed=hash(name) % 1000)
+                                  seed=zlib.crc32(name.encode()) % 1000)
     return _RESULTS[name]
 
 
@@ -160,7 +161,7 @@ def test_joint_distribution_chi_square(models, name):
     counts = np.zeros((V, V, V))
     np.add.at(counts, tuple(tokens.T), 1)
     probs = exact_probs(models["target"], models["params"], sampling)
-    stat, df, threshold = chi_square_test(counts, probs)
+    stat, df, threshold = chi_square_test(counts, probs, min_expected=20.0)
     assert df >= 5
     assert stat < threshold, f"{name}: chi2 {stat:.1f} >= {threshold:.1f} (df {df})"
     if result.verify_width > 1:

@@ -254,6 +254,9 @@ def generate(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
     if (config.method == "ar") != (drafter is None):
         raise ValueError(f"method {config.method!r} " + ("takes no drafter" if drafter is not None
                                                           else "needs a drafter (--draft DIR)"))
+    if drafter is not None and getattr(drafter, "method", config.method) != config.method:
+        raise ValueError(f"method {config.method!r} does not match the drafter's method "
+                         f"{drafter.method!r}")
     prompt, prompt_len = pad_prompts(prompts)
     num_drafts = drafter.num_drafts if drafter is not None else 0
     needed = required_capacity(int(prompt_len.max()), config, num_drafts)
