@@ -219,8 +219,20 @@ def _tokenizer_dict(reader) -> tuple[dict, dict]:
 
 def build_tokenizer(reader, where: str):
     """A ``PreTrainedTokenizerFast`` built from the GGUF's tokenizer metadata, no torch."""
-    from transformers import PreTrainedTokenizerFast
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    try:
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
+    except ImportError as e:
+        # Older transformers (e.g. 5.17) lack this converter: accept a tokenizer folder
+        # converted elsewhere from the same GGUF (tokenizer.json + tokenizer_config.json).
+        prebuilt = os.environ.get("DOMINO_JAX_TOKENIZER_DIR")
+        if prebuilt:
+            return AutoTokenizer.from_pretrained(prebuilt)
+        raise GGUFConversionError(
+            f"{where}: this transformers has no GGUF tokenizer converter ({e}); upgrade "
+            "transformers, or set DOMINO_JAX_TOKENIZER_DIR to a tokenizer folder converted "
+            "from the same GGUF") from e
 
     arch = _field(reader, "general.architecture")
     tokenizer_dict, tokenizer_config = _tokenizer_dict(reader)
