@@ -49,6 +49,7 @@ HEAD_RULES = [
 ]
 DRAFT_RULES = BACKBONE_RULES + HEAD_RULES
 _IGNORED = [r"rotary_emb\.inv_freq$"]
+MASK_EMBEDDING = "mask_embedding"   # our learned mask token (algorithms.md §9.15)
 
 
 def draft_param_shapes(config: DraftConfig, dtype=jnp.bfloat16) -> dict:
@@ -74,9 +75,21 @@ def convert_draft_tensors(config: DraftConfig, tensors: dict[str, np.ndarray], w
 
 
 def load_draft(path: str, dtype=jnp.bfloat16) -> tuple[DraftConfig, dict]:
-    """Config and params (``jax.Array`` s of ``dtype``) from a draft checkpoint folder."""
+    """Config and params (``jax.Array`` s of ``dtype``) from a draft checkpoint folder.
+
+    A drafter trained by us for a target with no spare embedding row carries its own
+    learned mask token as an extra tensor ``mask_embedding [H]`` (our extension, flagged by
+    ``dflash_config.learned_mask_embedding``); it is returned as ``params["mask_embedding"]``.
+    """
     config = DraftConfig.from_path(path)
-    params = convert_draft_tensors(config, read_tensors(path), path, dtype)
+    tensors = dict(read_tensors(path))
+    mask = tensors.pop(MASK_EMBEDDING, None)
+    params = convert_draft_tensors(config, tensors, path, dtype)
+    if mask is not None:
+        if tuple(np.shape(mask)) != (config.hidden_size,):
+            raise CheckpointError(f"{path}: {MASK_EMBEDDING} has shape {tuple(np.shape(mask))}, "
+                                  f"expected ({config.hidden_size},)")
+        params[MASK_EMBEDDING] = np.asarray(mask).astype(np.dtype(dtype))
     return config, jax.tree_util.tree_map(jnp.asarray, params)
 
 

@@ -61,17 +61,10 @@ def export_trained_draft(config: DraftConfig, params: dict, path: str) -> None:
 
 
 def load_trained_draft(path: str, dtype=jnp.bfloat16) -> tuple[DraftConfig, dict]:
-    """Like ``converters.hf_draft.load_draft`` but also reads our ``mask_embedding``."""
-    from converters.hf_draft import convert_draft_tensors
-    from converters.table import read_tensors
+    """``converters.hf_draft.load_draft`` (which also reads our ``mask_embedding``)."""
+    from converters.hf_draft import load_draft
 
-    config = DraftConfig.from_path(path)
-    tensors = read_tensors(path)
-    mask = tensors.pop(MASK_EMBEDDING, None)
-    params = convert_draft_tensors(config, tensors, path, dtype)
-    if mask is not None:
-        params[MASK_EMBEDDING] = np.asarray(mask).astype(np.dtype(dtype))
-    return config, jax.tree_util.tree_map(jnp.asarray, params)
+    return load_draft(path, dtype)
 
 
 # ----------------------------------------------------------------------------- checkpoints
