@@ -22,24 +22,16 @@ import numpy as np
 
 from converters.table import (CheckpointError, Rule, hf_to_params, params_to_hf, read_tensors,
                               write_tensors)
+from converters.hf_target import decoder_layer_rules
 from domino_jax.config import DraftConfig
 from domino_jax.models.dflash import param_shapes
 from domino_jax.models.domino_head import head_param_shapes
 
-_L = "layers.{i}."
-_P = "backbone/layers_{i}/"
 BACKBONE_RULES = [
     Rule("fc.weight", "backbone/fc/kernel", "T"),
     Rule("hidden_norm.weight", "backbone/hidden_norm/weight"),
     Rule("norm.weight", "backbone/norm/weight"),
-    Rule(_L + "input_layernorm.weight", _P + "input_layernorm/weight"),
-    Rule(_L + "post_attention_layernorm.weight", _P + "post_attention_layernorm/weight"),
-    Rule(_L + "self_attn.q_norm.weight", _P + "self_attn/q_norm/weight"),
-    Rule(_L + "self_attn.k_norm.weight", _P + "self_attn/k_norm/weight"),
-    *[Rule(_L + f"self_attn.{n}.weight", _P + f"self_attn/{n}/kernel", "T")
-      for n in ("q_proj", "k_proj", "v_proj", "o_proj")],
-    *[Rule(_L + f"mlp.{n}.weight", _P + f"mlp/{n}/kernel", "T")
-      for n in ("gate_proj", "up_proj", "down_proj")],
+    *decoder_layer_rules("layers.{i}.", "backbone/layers_{i}/", biases=False),
 ]
 HEAD_RULES = [
     Rule("prefix_gru.weight_ih_l0", "head/prefix_gru/weight_ih", "T"),

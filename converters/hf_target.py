@@ -21,22 +21,30 @@ from converters.table import (CheckpointError, Rule, hf_to_params, params_to_hf,
 from domino_jax.config import TargetConfig
 from domino_jax.models.qwen3 import param_shapes
 
-_L = "model.layers.{i}."
-_P = "layers_{i}/"
+def decoder_layer_rules(hf_prefix: str, path_prefix: str, biases: bool = True) -> list[Rule]:
+    """Rules for one Qwen3-style decoder layer (shared by the target and the DFlash drafter)."""
+    L, P = hf_prefix, path_prefix
+    rules = [
+        Rule(L + "input_layernorm.weight", P + "input_layernorm/weight"),
+        Rule(L + "post_attention_layernorm.weight", P + "post_attention_layernorm/weight"),
+        Rule(L + "self_attn.q_norm.weight", P + "self_attn/q_norm/weight"),
+        Rule(L + "self_attn.k_norm.weight", P + "self_attn/k_norm/weight"),
+        *[Rule(L + f"self_attn.{n}.weight", P + f"self_attn/{n}/kernel", "T")
+          for n in ("q_proj", "k_proj", "v_proj", "o_proj")],
+        *[Rule(L + f"mlp.{n}.weight", P + f"mlp/{n}/kernel", "T")
+          for n in ("gate_proj", "up_proj", "down_proj")],
+    ]
+    if biases:
+        rules += [Rule(L + f"self_attn.{n}.bias", P + f"self_attn/{n}/bias")
+                  for n in ("q_proj", "k_proj", "v_proj")]
+    return rules
+
+
 TARGET_RULES = [
     Rule("model.embed_tokens.weight", "embed_tokens/embedding"),
     Rule("model.norm.weight", "norm/weight"),
     Rule("lm_head.weight", "lm_head/kernel", "T"),
-    Rule(_L + "input_layernorm.weight", _P + "input_layernorm/weight"),
-    Rule(_L + "post_attention_layernorm.weight", _P + "post_attention_layernorm/weight"),
-    Rule(_L + "self_attn.q_norm.weight", _P + "self_attn/q_norm/weight"),
-    Rule(_L + "self_attn.k_norm.weight", _P + "self_attn/k_norm/weight"),
-    *[Rule(_L + f"self_attn.{n}.weight", _P + f"self_attn/{n}/kernel", "T")
-      for n in ("q_proj", "k_proj", "v_proj", "o_proj")],
-    *[Rule(_L + f"self_attn.{n}.bias", _P + f"self_attn/{n}/bias")
-      for n in ("q_proj", "k_proj", "v_proj")],
-    *[Rule(_L + f"mlp.{n}.weight", _P + f"mlp/{n}/kernel", "T")
-      for n in ("gate_proj", "up_proj", "down_proj")],
+    *decoder_layer_rules("model.layers.{i}.", "layers_{i}/"),
 ]
 _IGNORED = [r"rotary_emb\.inv_freq$"]
 
