@@ -49,9 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="extra stop token id (the tokenizer's eos is always one)")
     p.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
                    help="auto = bfloat16 on GPU/TPU, float32 on CPU")
-    p.add_argument("--compare-ar", action="store_true",
+    p.add_argument("--compare-ar", dest="compare_ar", action="store_true", default=None,
                    help="also run AR on the same prompts; print the speedup and whether the "
-                   "outputs are identical")
+                   "outputs are identical (on by default for the embedded demo)")
+    p.add_argument("--no-compare-ar", dest="compare_ar", action="store_false")
     p.add_argument("--stream-rounds", type=int, default=8,
                    help="stream committed tokens every N rounds (batch 1; 0 = no streaming)")
     return p
@@ -76,6 +77,8 @@ def _run(args) -> int:
     from domino_jax.decode.speculative import METHODS, DecodeConfig, generate
 
     target_dir, draft_dir = default_models(args.target, args.draft)
+    if args.compare_ar is None:
+        args.compare_ar = args.target is None     # the demo shows tau and the speedup
     method = args.method or ("domino" if draft_dir else "ar")
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")

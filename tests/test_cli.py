@@ -1,0 +1,33 @@
+"""The decode CLI's error handling: clear messages naming the bad path, pair or method."""
+
+import os
+
+from domino_jax.decode.__main__ import main
+
+FIX = os.path.join(os.path.dirname(__file__), "fixtures", "reference")
+
+
+def test_wrong_target_path(capsys, tmp_path):
+    missing = str(tmp_path / "nope")
+    assert main(["--target", missing]) == 2
+    assert missing in capsys.readouterr().err
+
+
+def test_unknown_method(capsys):
+    target = os.path.join(FIX, "dflash", "target")
+    assert main(["--target", target, "--method", "medusa"]) == 2
+    assert "unknown method 'medusa'" in capsys.readouterr().err
+
+
+def test_method_needs_a_drafter(capsys):
+    target = os.path.join(FIX, "dflash", "target")
+    assert main(["--target", target, "--method", "domino"]) == 2
+    assert "needs a drafter" in capsys.readouterr().err
+
+
+def test_draft_that_does_not_fit_the_target(capsys):
+    target = os.path.join(FIX, "dflash", "target")          # 5 target layers
+    draft = os.path.join(FIX, "domino_shift", "draft")      # trained for a 4-layer target
+    assert main(["--target", target, "--draft", draft, "--method", "domino"]) == 2
+    err = capsys.readouterr().err
+    assert "num_target_layers 4" in err and draft in err
