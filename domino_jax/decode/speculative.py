@@ -223,14 +223,24 @@ _prefill_jit = jax.jit(prefill, static_argnums=(0, 1, 2, 8))
 _rounds_jit = jax.jit(decode_rounds, static_argnums=(0, 1, 2), donate_argnums=(5,))
 
 
-def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0):
-    """Right-pad token lists to ``[B, T]``; returns (array, lengths)."""
+def prompt_bucket(length: int) -> int:
+    """Padded prompt width for ``length`` tokens, so prompts of similar length share one
+    compiled program: the next power of two up to 256 (at least 16), then multiples of 256."""
+    if length <= 256:
+        return max(16, 1 << (max(length, 1) - 1).bit_length())
+    return -(-length // 256) * 256
+
+
+def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0, bucket: bool = True):
+    """Right-pad token lists to ``[B, T]`` (``T`` bucketed, see :func:`prompt_bucket`);
+    returns (array, lengths). Padding is never attended to: each row's cache length is its
+    own prompt length."""
     lengths = [len(p) for p in prompts]
     for i, n in enumerate(lengths):
         if n == 0:
             raise ValueError(f"prompt {i} is empty: give at least one token (e.g. BOS or a "
                              "chat template)")
-    width = max(lengths)
+    width = prompt_bucket(max(lengths)) if bucket else max(lengths)
     array = np.full((len(prompts), width), pad_id, np.int32)
     for i, p in enumerate(prompts):
         array[i, :len(p)] = p
@@ -260,7 +270,9 @@ def generate(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
     prompt, prompt_len = pad_prompts(prompts)
     num_drafts = drafter.num_drafts if drafter is not None else 0
     needed = required_capacity(int(prompt_len.max()), config, num_drafts)
-    capacity = config.capacity or needed
+    # Default capacity from the bucketed width: one compiled program per bucket.
+    capacity = config.capacity or max(needed, required_capacity(prompt.shape[1], config,
+                                                                 num_drafts))
     if needed > capacity:
         raise ValueError(f"prompt of {int(prompt_len.max())} tokens + max_new_tokens "
                          f"{config.max_new_tokens} (+{num_drafts + 1} verify slack) needs "
