@@ -40,7 +40,7 @@ import jax.numpy as jnp
 
 from domino_jax.config import DraftConfig
 from domino_jax.kv_cache import KVCache
-from domino_jax.models.layers import MLP, Attention, RMSNorm, attend
+from domino_jax.models.layers import DecoderLayerBase, RMSNorm
 
 Dtype = Any
 
@@ -61,22 +61,8 @@ def draft_key_visibility(committed_lengths: jax.Array, context_lengths: jax.Arra
     return jnp.broadcast_to(visible[:, None, :], (visible.shape[0], block_len, num_keys))
 
 
-class DraftLayer(nn.Module):
+class DraftLayer(DecoderLayerBase):
     """One Qwen3 decoder layer whose keys/values also include the shared context ``ctx``."""
-
-    config: DraftConfig
-    dtype: Dtype = jnp.bfloat16
-    param_dtype: Dtype = jnp.bfloat16
-
-    def setup(self):
-        c = self.config
-        kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-        self.input_layernorm = RMSNorm(c.rms_norm_eps, **kw)
-        self.post_attention_layernorm = RMSNorm(c.rms_norm_eps, **kw)
-        self.self_attn = Attention(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
-                                   c.rope_theta, qk_norm=True, qkv_bias=False,
-                                   eps=c.rms_norm_eps, **kw)
-        self.mlp = MLP(c.intermediate_size, **kw)
 
     def __call__(self, x, ctx, context_positions, block_positions, visible,
                  cache: KVCache | None, layer_index: int):
@@ -87,12 +73,7 @@ class DraftLayer(nn.Module):
         k_blk, v_blk = self.self_attn.project_kv(h, block_positions)      # [B, Bk, nKV, D]
         k = jnp.concatenate([k_ctx, k_blk], axis=1)
         v = jnp.concatenate([v_ctx, v_blk], axis=1)
-        if cache is not None:
-            cache = cache.write_layer(layer_index, k, v)
-            k, v = cache.keys[layer_index], cache.values[layer_index]
-        x = x + self.self_attn.output(attend(q, k, v, visible))
-        x = x + self.mlp(self.post_attention_layernorm(x))
-        return x, cache
+        return self.finish(x, q, k, v, visible, cache, layer_index)
 
 
 class DFlashBackbone(nn.Module):

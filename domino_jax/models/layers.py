@@ -141,3 +141,36 @@ class Attention(nn.Module):
         """``o_proj`` of ``attn [B, T, nH, D]`` -> ``[B, T, hidden_size]``."""
         batch, length = attn.shape[:2]
         return self.o_proj(attn.reshape(batch, length, -1))
+
+
+class DecoderLayerBase(nn.Module):
+    """The parts every Qwen3-style decoder layer shares (target and DFlash drafter).
+
+    Subclasses compute ``q`` (and ``k``/``v`` from whatever inputs they attend over) with
+    ``self.input_layernorm`` + ``self.self_attn.project_*`` and finish with :meth:`finish`.
+    ``config`` needs the geometry fields; ``qk_norm``/``qkv_bias`` default to Qwen3's.
+    """
+
+    config: Any
+    dtype: Dtype = jnp.bfloat16
+    param_dtype: Dtype = jnp.bfloat16
+
+    def setup(self):
+        c = self.config
+        kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+        self.input_layernorm = RMSNorm(c.rms_norm_eps, **kw)
+        self.post_attention_layernorm = RMSNorm(c.rms_norm_eps, **kw)
+        self.self_attn = Attention(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
+                                   c.rope_theta, getattr(c, "qk_norm", True),
+                                   getattr(c, "qkv_bias", False), c.rms_norm_eps, **kw)
+        self.mlp = MLP(c.intermediate_size, **kw)
+
+    def finish(self, x, q, k, v, visible, cache, layer_index: int):
+        """Write the new ``k, v`` into ``cache`` (if any, reading back the whole layer),
+        attend, add the residual and the MLP: ``-> (x', cache')``."""
+        if cache is not None:
+            cache = cache.write_layer(layer_index, k, v)
+            k, v = cache.keys[layer_index], cache.values[layer_index]
+        x = x + self.self_attn.output(attend(q, k, v, visible))
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, cache

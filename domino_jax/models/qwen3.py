@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from domino_jax.config import TargetConfig
 from domino_jax.kv_cache import KVCache, key_visibility
-from domino_jax.models.layers import MLP, Attention, RMSNorm, attend
+from domino_jax.models.layers import DecoderLayerBase, RMSNorm
 
 Dtype = Any
 
@@ -39,31 +39,15 @@ class TargetOutput(NamedTuple):
     hidden: jax.Array             # [B, T, H] final-normed hidden states
 
 
-class DecoderLayer(nn.Module):
-    config: TargetConfig
-    dtype: Dtype = jnp.bfloat16
-    param_dtype: Dtype = jnp.bfloat16
-
-    def setup(self):
-        c = self.config
-        kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-        self.input_layernorm = RMSNorm(c.rms_norm_eps, **kw)
-        self.post_attention_layernorm = RMSNorm(c.rms_norm_eps, **kw)
-        self.self_attn = Attention(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
-                                   c.rope_theta, c.qk_norm, c.qkv_bias, c.rms_norm_eps, **kw)
-        self.mlp = MLP(c.intermediate_size, **kw)
+class DecoderLayer(DecoderLayerBase):
+    """One target decoder layer (causal or tree-masked self-attention via ``visible``)."""
 
     def __call__(self, x, positions, visible, cache: KVCache | None, layer_index: int):
         """``x [B, T, H]`` -> ``(x', cache')``; K/V of the new tokens go into ``cache``."""
         h = self.input_layernorm(x)
         q = self.self_attn.project_q(h, positions)
         k, v = self.self_attn.project_kv(h, positions)
-        if cache is not None:
-            cache = cache.write_layer(layer_index, k, v)
-            k, v = cache.keys[layer_index], cache.values[layer_index]
-        x = x + self.self_attn.output(attend(q, k, v, visible))
-        x = x + self.mlp(self.post_attention_layernorm(x))
-        return x, cache
+        return self.finish(x, q, k, v, visible, cache, layer_index)
 
 
 class TargetLM(nn.Module):
