@@ -24,6 +24,7 @@ from domino_jax.config import DraftConfig
 from domino_jax.decode.tree import (DraftTree, build_ddtree, build_ddtree_batched,
                                     build_dominotree, build_dominotree_batched,
                                     root_gru_state, tree_attention_mask, tree_positions)
+from domino_jax.models.domino_head import correction
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "reference")
 SCORE_TOL = 1e-5
@@ -288,7 +289,7 @@ def test_dominotree_random_matches_host(seed):
 def test_budget_one_is_best_first_token():
     rng = np.random.default_rng(7)
     logits = rng.standard_normal((4, 30)).astype(np.float32)
-    tree = build_ddtree(jnp.asarray(logits), 1)
+    tree = _jit_ddtree(jnp.asarray(logits), 1)
     assert tree.tokens.tolist() == [int(np.argmax(logits[0]))]
     assert tree.depths.tolist() == [0] and tree.parents.tolist() == [-1]
     assert tree.valid.tolist() == [True]
@@ -302,11 +303,10 @@ def test_budget_one_is_best_first_token():
     for prefix_len in (0, 1):
         cfg = _draft_config(30, prefix_len)
         for topm in (0, 30):
-            tree = build_dominotree(head, cfg, hid, jnp.asarray(logits), root, embed, 1,
-                                    node_topk=3, topm=topm)
+            tree = _jit_domino(head, cfg, hid, jnp.asarray(logits), root, embed, 1, 3, topm,
+                               False)
             first = logits[0]
             if prefix_len == 0:                  # depth 0 corrected with the root state
-                from domino_jax.models.domino_head import correction
                 first = first + np.asarray(correction(head, hid[0], root))
             assert tree.tokens.tolist() == [int(np.argmax(first))]
             assert tree.depths.tolist() == [0] and tree.parents.tolist() == [-1]
@@ -315,7 +315,7 @@ def test_budget_one_is_best_first_token():
 def test_exhausted_pool_marks_tail_invalid():
     rng = np.random.default_rng(3)
     logits = jnp.asarray(rng.standard_normal((2, 3)).astype(np.float32))
-    tree = build_ddtree(logits, 20)              # at most 3 + 3*3 = 12 nodes
+    tree = _jit_ddtree(logits, 20)              # at most 3 + 3*3 = 12 nodes
     assert int(tree.valid.sum()) == 12 and not bool(tree.valid[12:].any())
     mask = np.asarray(tree_attention_mask(tree))
     assert np.array_equal(mask[13:], np.eye(21, dtype=bool)[13:])   # invalid: only itself
@@ -334,7 +334,7 @@ def test_jit_vmap_batch():
     assert masks.shape == (batch, budget + 1, budget + 1)
     positions = tree_positions(trees, jnp.asarray([3, 7, 9]))
     for b in range(batch):
-        one = build_ddtree(logits[b], budget)
+        one = _jit_ddtree(logits[b], budget)
         for field in ("tokens", "depths", "parents", "valid"):
             assert np.array_equal(getattr(trees, field)[b], getattr(one, field))
         assert np.array_equal(masks[b], tree_attention_mask(one))
@@ -349,7 +349,7 @@ def test_jit_vmap_batch():
     trees = build(head, cfg, hid, logits, roots, embed, budget, 3, 8, False)
     assert trees.tokens.shape == (batch, budget)
     for b in range(batch):
-        one = build_dominotree(head, cfg, hid[b], logits[b], roots[b], embed, budget, 3, 8)
+        one = _jit_domino(head, cfg, hid[b], logits[b], roots[b], embed, budget, 3, 8, False)
         for field in ("tokens", "depths", "parents", "valid"):
             assert np.array_equal(getattr(trees, field)[b], getattr(one, field))
         np.testing.assert_allclose(trees.scores[b], one.scores, atol=1e-6)

@@ -1,4 +1,4 @@
-"""On-device best-first draft-tree builders: DDTree (algorithms.md §4.2) and DominoTree (§5.3-5.4).
+"""On-device best-first draft trees: DDTree (algorithms.md §4.2), DominoTree (§5.3-5.4).
 
 Everything runs inside ``jit`` with static shapes: a fixed node budget ``N`` (non-root nodes),
 a fixed-size candidate pool, and a ``lax.fori_loop`` of exactly ``N`` pops. A pop takes the
