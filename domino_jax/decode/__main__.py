@@ -24,13 +24,20 @@ log = logging.getLogger("domino_jax.decode")
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m domino_jax.decode",
-                                description="Lossless speculative decoding (AR, DFlash, Domino).")
+                                description="Lossless speculative decoding (AR, DFlash, Domino, DDTree, DominoTree).")
     p.add_argument("--target", help="HF target checkpoint folder (default: the converted "
                    "SmolLM2-135M-Instruct demo model)")
     p.add_argument("--draft", help="HF DFlash/Domino draft checkpoint folder (default: the "
                    "bundled demo drafter when --target is not given)")
     p.add_argument("--method", default=None,
-                   help="ar | dflash | domino (default: domino when a drafter is given, else ar)")
+                   help="ar | dflash | domino | ddtree | dominotree (default: domino when a "
+                   "drafter is given, else ar)")
+    p.add_argument("--budget", type=int, default=16,
+                   help="tree methods: nodes per tree, root excluded (verify width budget+1)")
+    p.add_argument("--topm", type=int, default=64,
+                   help="dominotree: candidate tokens per depth for the correction (0 = all)")
+    p.add_argument("--node-topk", type=int, default=8,
+                   help="dominotree: children scored per expanded node")
     p.add_argument("--prompt", action="append",
                    help="a prompt (repeat for a batch); default: a built-in question")
     p.add_argument("--prompt-file", help="a text file, one prompt per non-empty line (a batch)")
@@ -86,8 +93,10 @@ def _run(args) -> int:
         raise ValueError(f"method {method!r} needs a drafter: pass --draft DIR")
     dtype = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}.get(
         args.dtype, jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16)
+    tree_options = (dict(budget=args.budget, topm=args.topm, node_topk=args.node_topk)
+                    if method in ("ddtree", "dominotree") else {})
     target, target_params, drafter, draft_params = load_pair(
-        target_dir, draft_dir if method != "ar" else None, method, dtype)
+        target_dir, draft_dir if method != "ar" else None, method, dtype, **tree_options)
     tokenizer = load_tokenizer(target_dir)
 
     texts = list(args.prompt or [])

@@ -10,8 +10,9 @@ travel as pytrees through the jitted functions. The loop calls:
   log-probs ``[B, K, V]`` (one-hot for greedy drafts; what ``rejection`` verification uses
   as ``q``) and the updated draft cache (context committed, block dropped).
 
-Indexing (algorithms.md §3.2): DFlash drafts block slots 1..B-1 (K = B-1). Domino drafts
-K = ``k_draft`` positions: all B slots with ``shift_label``, slots 1..B-1 without.
+Indexing (algorithms.md §3.2): both draft K = ``k_draft`` positions: all B slots with
+``shift_label`` (released Domino checkpoints), slots 1..B-1 without (DFlash, K = B-1).
+``method="dflash"`` on a Domino checkpoint drafts the argmax of its base logits.
 """
 
 from __future__ import annotations
@@ -51,11 +52,22 @@ class ChainDrafter:
         return dflash.DFlashBackbone(self.config, dtype=self.target.dtype,
                                      param_dtype=self.target.param_dtype)
 
+    is_tree = False
+
     @property
     def num_drafts(self) -> int:
-        if self.method == "dflash":
-            return self.config.block_size - 1
+        """K draft positions per block: all B slots with ``shift_label``, else slots 1..B-1."""
         return self.config.k_draft
+
+    @property
+    def verify_width(self) -> int:
+        """Tokens the target verifies per round (root + drafts)."""
+        return self.num_drafts + 1
+
+    @property
+    def max_commit(self) -> int:
+        """Most tokens one round can commit (accepted drafts + bonus)."""
+        return self.num_drafts + 1
 
     @property
     def tap_ids(self) -> tuple[int, ...]:
@@ -69,7 +81,7 @@ class ChainDrafter:
 
     def _cache(self, batch: int, capacity: int):
         # prompt context + one round of (context rows + block) scratch
-        slots = capacity + self.num_drafts + 1 + self.config.block_size
+        slots = capacity + self.max_commit + self.config.block_size
         return dflash.new_draft_cache(self.config, batch, slots, self.target.dtype)
 
     def _embed(self, target_params, tokens):
@@ -101,19 +113,27 @@ class ChainDrafter:
                                        prompt_len, embeds, block_pos, cache)
         return cache
 
-    def propose(self, target_params, draft_params, root, start, context, context_len,
-                draft_cache, key, decode_config):
-        """Draft K tokens after ``root`` (at absolute position ``start [B]``)."""
+    def draft_block(self, target_params, draft_params, root, start, context, context_len,
+                    draft_cache):
+        """One backbone forward: ``(draft_hidden [B, K, H], base_logits [B, K, V] f32,
+        draft_cache)`` for the K draft positions after ``root`` (at position ``start [B]``);
+        the new ``context`` rows are committed to the draft cache, the block is not."""
         width = context.shape[1]
         context_pos = (start - context_len)[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
         embeds, block_pos = self._block(target_params, root, start, draft_params)
         hidden, draft_cache = self.backbone.apply(
             {"params": draft_params["backbone"]}, context, context_pos, context_len, embeds,
             block_pos, draft_cache)
-        if self.method == "dflash" or not self.config.shift_label:
-            hidden = hidden[:, 1:]
+        if not self.config.shift_label:
+            hidden = hidden[:, 1:]                    # slot 0 (the root) predicts nothing
         hidden = hidden[:, :self.num_drafts]
-        base = self._lm_head(target_params, hidden)                        # [B, K, V] f32
+        return hidden, self._lm_head(target_params, hidden), draft_cache
+
+    def propose(self, target_params, draft_params, root, start, context, context_len,
+                draft_cache, key, decode_config):
+        """Draft K tokens after ``root`` (at absolute position ``start [B]``)."""
+        hidden, base, draft_cache = self.draft_block(target_params, draft_params, root, start,
+                                                     context, context_len, draft_cache)
         sample = decode_config.draft_policy == "sample"
         temp = decode_config.draft_temperature
 

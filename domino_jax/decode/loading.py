@@ -32,8 +32,11 @@ def default_models(target: str | None, draft: str | None) -> tuple[str, str | No
     return target, draft
 
 
-def load_pair(target_dir: str, draft_dir: str | None, method: str, dtype=jnp.bfloat16):
+def load_pair(target_dir: str, draft_dir: str | None, method: str, dtype=jnp.bfloat16,
+              **tree_options):
     """``(target_module, target_params, drafter | None, draft_params | None)``.
+
+    ``tree_options`` (``budget``, ``node_topk``, ``topm``) configure the tree methods.
 
     The drafter is checked against the target (hidden size, vocab, layer ids, mask id)
     before any weights are read.
@@ -55,7 +58,12 @@ def load_pair(target_dir: str, draft_dir: str | None, method: str, dtype=jnp.bfl
     target = TargetLM(target_config, dtype=dtype, param_dtype=dtype)
     if draft_dir is not None:
         draft_config, draft_params = load_draft(draft_dir, dtype)
-        drafter = ChainDrafter(draft_config, target, method)
+        if method in ("ddtree", "dominotree"):
+            from domino_jax.decode.tree_drafter import TreeDrafter
+
+            drafter = TreeDrafter(draft_config, target, method, **tree_options)
+        else:
+            drafter = ChainDrafter(draft_config, target, method)
     return target, target_params, drafter, draft_params
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import flax.struct
 import jax
@@ -38,7 +38,7 @@ from domino_jax.decode.verify import verify_match, verify_rejection
 from domino_jax.kv_cache import KVCache
 from domino_jax.models.qwen3 import TargetLM, new_cache
 
-METHODS = ("ar", "dflash", "domino")
+METHODS = ("ar", "dflash", "domino", "ddtree", "dominotree")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +61,10 @@ class DecodeConfig:
             raise ValueError(f"unknown draft policy {self.draft_policy!r}; 'greedy' or 'sample'")
         if self.verify not in ("match", "rejection"):
             raise ValueError(f"unknown verification rule {self.verify!r}; 'match' or 'rejection'")
+        if self.method in ("ddtree", "dominotree") and self.verify != "match":
+            raise ValueError(f"method {self.method!r} verifies with 'match' (sample-and-walk) "
+                             "only: best-first trees define no draft distribution for "
+                             "'rejection'")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.draft_policy == "sample" and self.draft_temperature <= 0:
@@ -129,7 +133,7 @@ def prefill(target: TargetLM, drafter, config: DecodeConfig, target_params, draf
             prompt: jax.Array, prompt_len: jax.Array, key: jax.Array, capacity: int) -> DecodeState:
     """Target forward over the right-padded ``prompt [B, T]``; first token; draft context."""
     batch, prompt_width = prompt.shape
-    width = 1 + (drafter.num_drafts if drafter is not None else 0)
+    width = drafter.max_commit if drafter is not None else 1      # tokens per round, max
     cache = new_cache(target.config, batch, capacity, target.dtype)
     positions = jnp.broadcast_to(jnp.arange(prompt_width, dtype=jnp.int32), (batch, prompt_width))
     tap_ids = drafter.tap_ids if drafter is not None else ()
@@ -154,11 +158,24 @@ def prefill(target: TargetLM, drafter, config: DecodeConfig, target_params, draf
                        jnp.zeros((batch, width + 1), jnp.int32))
 
 
-def _round(target: TargetLM, drafter, config: DecodeConfig, target_params, draft_params,
-           state: DecodeState) -> DecodeState:
+class RoundOutcome(NamedTuple):
+    """What one round's verification decided, before the commit (shapes ``P`` = max tokens
+    a round can commit: accepted drafts + the bonus)."""
+
+    committed: jax.Array          # [B, P] accepted drafts, then the bonus at index ``accepted``
+    accepted: jax.Array           # [B] accepted drafts (0..P-1)
+    bonus: jax.Array              # [B] the target's token after the accepted path
+    target_cache: KVCache         # verify K/V written after the committed prefix
+    path: jax.Array | None        # [B, P] verify-row offsets to keep (trees); None = prefix
+    context: jax.Array | None     # [B, P, F] drafter features of [root, accepted...]
+    draft_cache: Any
+
+
+def _chain_outcome(target: TargetLM, drafter, config: DecodeConfig, target_params,
+                   draft_params, state: DecodeState, draft_key, verify_key) -> RoundOutcome:
+    """Draft a chain of K tokens, verify ``[root, d_1..d_K]`` causally in one forward."""
     batch = state.root.shape[0]
     start = state.target_cache.lengths                                   # position of the root
-    key, draft_key, verify_key = jax.random.split(state.key, 3)
     if drafter is not None:
         drafts, draft_log_probs, draft_cache = drafter.propose(
             target_params, draft_params, state.root, start, state.context, state.context_len,
@@ -177,10 +194,30 @@ def _round(target: TargetLM, drafter, config: DecodeConfig, target_params, draft
         accepted, bonus = verify_rejection(verify_key, drafts, log_p, draft_log_probs)
     else:
         accepted, bonus = verify_match(verify_key, drafts, log_p)
-    # Commit d_1..d_accepted and the bonus.
     committed = jnp.concatenate([drafts, jnp.zeros((batch, 1), jnp.int32)], axis=1)
     slot = jnp.arange(num_drafts + 1)[None, :]
     committed = jnp.where(slot == accepted[:, None], bonus[:, None], committed)
+    context = drafter.context_features(out) if drafter is not None else None
+    return RoundOutcome(committed, accepted, bonus, out.cache, None, context, draft_cache)
+
+
+def _round(target: TargetLM, drafter, config: DecodeConfig, target_params, draft_params,
+           state: DecodeState) -> DecodeState:
+    key, draft_key, verify_key = jax.random.split(state.key, 3)
+    if getattr(drafter, "is_tree", False):
+        outcome = drafter.tree_outcome(target, config, target_params, draft_params, state,
+                                       draft_key, verify_key)
+    else:
+        outcome = _chain_outcome(target, drafter, config, target_params, draft_params, state,
+                                 draft_key, verify_key)
+    return _commit(config, state, outcome, key)
+
+
+def _commit(config: DecodeConfig, state: DecodeState, outcome: RoundOutcome,
+            key: jax.Array) -> DecodeState:
+    """Write the committed tokens, apply stops/limits, commit the target cache (advance, or
+    gather a tree path into place) and hand the accepted rows' features to the drafter."""
+    committed, accepted = outcome.committed, outcome.accepted
     count = accepted + 1
     stop_at = _first_stop(committed, count, config.stop_token_ids)
     hit_stop = stop_at < count
@@ -190,17 +227,20 @@ def _round(target: TargetLM, drafter, config: DecodeConfig, target_params, draft
                            state.out_tokens)
     num_out = state.num_out + jnp.where(live, count, 0)
     done = state.done | (live & (hit_stop | (num_out >= config.max_new_tokens)))
-    target_cache = out.cache.advance(jnp.where(live, accepted + 1, 0))
-    if drafter is not None:
-        context = drafter.context_features(out)
-        context_len = jnp.where(live, accepted + 1, 0)
+    cache_rows = jnp.where(live, accepted + 1, 0)
+    if outcome.path is None:
+        target_cache = outcome.target_cache.advance(cache_rows)
+    else:
+        target_cache = outcome.target_cache.gather_path(outcome.path, cache_rows)
+    if outcome.context is not None:
+        context, context_len = outcome.context.astype(state.context.dtype), cache_rows
     else:
         context, context_len = state.context, state.context_len
     hist = state.accept_hist + jax.nn.one_hot(count, state.accept_hist.shape[1],
                                               dtype=jnp.int32) * live[:, None]
-    return DecodeState(out_tokens, num_out, done, jnp.where(live, bonus, state.root),
-                       target_cache, draft_cache, context.astype(state.context.dtype),
-                       context_len, key, state.rounds + live.astype(jnp.int32), hist)
+    return DecodeState(out_tokens, num_out, done, jnp.where(live, outcome.bonus, state.root),
+                       target_cache, outcome.draft_cache, context, context_len, key,
+                       state.rounds + live.astype(jnp.int32), hist)
 
 
 def decode_rounds(target: TargetLM, drafter, config: DecodeConfig, target_params, draft_params,
@@ -268,7 +308,7 @@ def generate(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
         raise ValueError(f"method {config.method!r} does not match the drafter's method "
                          f"{drafter.method!r}")
     prompt, prompt_len = pad_prompts(prompts)
-    num_drafts = drafter.num_drafts if drafter is not None else 0
+    num_drafts = drafter.verify_width - 1 if drafter is not None else 0   # verify rows - root
     needed = required_capacity(int(prompt_len.max()), config, num_drafts)
     # Default capacity from the bucketed width: one compiled program per bucket.
     capacity = config.capacity or max(needed, required_capacity(prompt.shape[1], config,
