@@ -1,0 +1,94 @@
+"""On-device tree build time per round at the Qwen3-8B drafter shape (random weights).
+
+DominoTree (K = 16 depths, node_topk 8, topm 64, the real head shape: H 4096, G 1024,
+E 256, V 151936) and DDTree (K = 15 depths over V = 151936), budgets 8/16/32/64, batch 1.
+Each build is one jitted call; warm-up first, then the median of ``--reps`` calls with
+``block_until_ready``. Target (performance.md): <= 0.5 ms per round at budget 16.
+
+    python benchmarks/bench_tree_build.py [--budgets 8,16,32,64] [--tiny] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--budgets", default="8,16,32,64")
+    p.add_argument("--reps", type=int, default=50)
+    p.add_argument("--tiny", action="store_true", help="small shapes (CPU smoke test)")
+    p.add_argument("--git-commit", default="unknown")
+    p.add_argument("--out", default=os.environ.get("OUT") or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "results"))
+    args = p.parse_args()
+
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+
+    from domino_jax.config import QWEN3_8B_DOMINO_DRAFT
+    from domino_jax.decode import tree as tree_lib
+    from domino_jax.models.domino_head import init_head_params
+
+    cfg = QWEN3_8B_DOMINO_DRAFT
+    if args.tiny:
+        cfg = dataclasses.replace(cfg, vocab_size=512, hidden_size=64, gru_hidden_dim=32,
+                                  emb_dim=16)
+    dtype = jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+    k, h, v = cfg.block_size, cfg.hidden_size, cfg.vocab_size
+    keys = jax.random.split(jax.random.PRNGKey(0), 5)
+    head = jax.jit(lambda r: init_head_params(cfg, r, dtype))(keys[0])
+    hidden = jax.random.normal(keys[1], (k, h), dtype)
+    base = (4.0 * jax.random.normal(keys[2], (k, v), jnp.float32)).astype(dtype)
+    embed = (0.02 * jax.random.normal(keys[3], (v, h), jnp.float32)).astype(dtype)
+    root_state = tree_lib.root_gru_state(head, embed[7])
+
+    def timed(fn, *xs):
+        jax.block_until_ready(fn(*xs))                        # compile + warm up
+        times = []
+        for _ in range(args.reps):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(*xs))
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+
+    rows = []
+    for budget in [int(b) for b in args.budgets.split(",")]:
+        domino = jax.jit(lambda hp, hd, b, s, e, n=budget: tree_lib.build_dominotree(
+            hp, cfg, hd, b, s, e, n, node_topk=8, topm=64))
+        ddtree = jax.jit(lambda b, n=budget: tree_lib.build_ddtree(b, n))
+        ms_domino = timed(domino, head, hidden, base, root_state, embed)
+        ms_ddtree = timed(ddtree, base[1:].astype(jnp.float32))
+        rows.append(dict(budget=budget, dominotree_ms=ms_domino, ddtree_ms=ms_ddtree))
+        print(f"budget {budget}: dominotree {ms_domino:.3f} ms, ddtree {ms_ddtree:.3f} ms",
+              flush=True)
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M%S")
+    meta = dict(date=stamp, commit=args.git_commit, device=str(jax.devices()[0].device_kind),
+                jax=jax.__version__, dtype=str(jnp.dtype(dtype)), K=k, H=h, V=v,
+                G=cfg.gru_hidden_dim, E=cfg.emb_dim, node_topk=8, topm=64, tiny=args.tiny)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"tree_build_{stamp}.json"), "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=2)
+    lines = [f"# Tree build per round ({meta['device']}, {meta['dtype']}, commit "
+             f"{args.git_commit}; K={k}, V={v}, H={h}, G={meta['G']}, E={meta['E']}, "
+             "node_topk 8, topm 64)", "", "| budget | DominoTree ms | DDTree ms |",
+             "|---|---|---|"]
+    lines += [f"| {r['budget']} | {r['dominotree_ms']:.3f} | {r['ddtree_ms']:.3f} |" for r in rows]
+    with open(os.path.join(args.out, f"tree_build_{stamp}.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+
+
+if __name__ == "__main__":
+    main()
