@@ -1,0 +1,91 @@
+"""Acceptance length tau of every method on the real SmolLM2 target with our trained
+Domino drafter, on held-out prompts (never in the training split), batched.
+
+tau does not depend on the device, so this runs anywhere (CPU included); speed is
+measured by ``bench_smollm2.py`` / ``bench_decode.py`` on the GPU. Methods: dflash (the
+Domino checkpoint's base logits, argmax), domino (chain), ddtree and dominotree at several
+budgets; T = 0 and T = 1. Writes ``tau_smollm2_<date>.{json,md}`` into ``--out``.
+
+    python benchmarks/tau_smollm2.py [--prompts 16] [--max-new-tokens 96] [--budgets 8,16,32,64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--budgets", default="8,16,32,64")
+    p.add_argument("--temperatures", default="0,1")
+    p.add_argument("--git-commit", default="unknown")
+    p.add_argument("--out", default=os.environ.get("OUT") or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "results"))
+    args = p.parse_args()
+
+    import jax
+    import jax.numpy as jnp
+
+    from domino_jax.decode.loading import default_models, load_pair, load_tokenizer
+    from domino_jax.decode.sampling import SamplingConfig
+    from domino_jax.decode.speculative import DecodeConfig, generate
+    from domino_jax.train.data import build_prompts, chat_ids, is_eval_prompt, stop_ids_of
+
+    target_dir, draft_dir = default_models(None, None)
+    dtype = jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+    tokenizer = load_tokenizer(target_dir)
+    prompts = [q for q in build_prompts(4000, seed=123) if is_eval_prompt(q)][:args.prompts]
+    ids = [chat_ids(tokenizer, q) for q in prompts]
+    methods = [("ar", {}), ("dflash", {}), ("domino", {})]
+    for b in [int(x) for x in args.budgets.split(",")]:
+        methods += [("ddtree", dict(budget=b)), ("dominotree", dict(budget=b))]
+    rows = []
+    for temp in [float(t) for t in args.temperatures.split(",")]:
+        for method, options in methods:
+            target, tparams, drafter, dparams = load_pair(
+                target_dir, None if method == "ar" else draft_dir, method, dtype, **options)
+            stops = stop_ids_of(tokenizer, target.config)
+            config = DecodeConfig(method=method, max_new_tokens=args.max_new_tokens,
+                                  sampling=SamplingConfig(temp), stop_token_ids=stops)
+            t0 = time.perf_counter()
+            r = generate(target, tparams, ids, config, drafter, dparams, seed=0)
+            name = method + (f"@{options['budget']}" if options else "")
+            rows.append(dict(method=name, temperature=temp, tau=r.tau,
+                             verify_width=r.verify_width, new_tokens=r.new_tokens))
+            print(f"T={temp} {name}: tau {r.tau:.2f} (verify width {r.verify_width}, "
+                  f"{time.perf_counter() - t0:.0f} s)", flush=True)
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M%S")
+    meta = dict(date=stamp, commit=args.git_commit, device=str(jax.devices()[0].device_kind),
+                jax=jax.__version__, prompts=len(ids), max_new_tokens=args.max_new_tokens,
+                target=os.path.basename(target_dir), draft=draft_dir)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"tau_smollm2_{stamp}.json"), "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=2)
+    temps = sorted({r["temperature"] for r in rows})
+    names = list(dict.fromkeys(r["method"] for r in rows))
+    lines = [f"# tau on {len(ids)} held-out prompts, SmolLM2-135M-Instruct + our Domino drafter "
+             f"({meta['device']}, commit {args.git_commit}, {stamp})", "",
+             "| method | verify width | " + " | ".join(f"tau T={t:g}" for t in temps) + " |",
+             "|---|---|" + "---|" * len(temps)]
+    for n in names:
+        cells = {r["temperature"]: r for r in rows if r["method"] == n}
+        width = next(iter(cells.values()))["verify_width"]
+        lines.append(f"| {n} | {width} | " + " | ".join(
+            f"{cells[t]['tau']:.2f}" if t in cells else "-" for t in temps) + " |")
+    with open(os.path.join(args.out, f"tau_smollm2_{stamp}.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+
+
+if __name__ == "__main__":
+    main()
