@@ -50,6 +50,30 @@ def main() -> None:
     for b in [int(x) for x in args.budgets.split(",")]:
         methods += [("ddtree", dict(budget=b)), ("dominotree", dict(budget=b))]
     rows = []
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M%S")
+
+    def write():
+        meta = dict(date=stamp, commit=args.git_commit, device=str(jax.devices()[0].device_kind),
+                    jax=jax.__version__, prompts=len(ids), max_new_tokens=args.max_new_tokens,
+                    target=os.path.basename(target_dir), draft=draft_dir)
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, f"tau_smollm2_{stamp}.json"), "w") as f:
+            json.dump(dict(meta=meta, rows=rows), f, indent=2)
+        temps = sorted({r["temperature"] for r in rows})
+        names = list(dict.fromkeys(r["method"] for r in rows))
+        lines = [f"# tau on {len(ids)} held-out prompts, SmolLM2-135M-Instruct + our Domino drafter "
+                 f"({meta['device']}, commit {args.git_commit}, {stamp})", "",
+                 "| method | verify width | " + " | ".join(f"tau T={t:g}" for t in temps) + " |",
+                 "|---|---|" + "---|" * len(temps)]
+        for n in names:
+            cells = {r["temperature"]: r for r in rows if r["method"] == n}
+            width = next(iter(cells.values()))["verify_width"]
+            lines.append(f"| {n} | {width} | " + " | ".join(
+                f"{cells[t]['tau']:.2f}" if t in cells else "-" for t in temps) + " |")
+        with open(os.path.join(args.out, f"tau_smollm2_{stamp}.md"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+        return "\n".join(lines)
+
     for temp in [float(t) for t in args.temperatures.split(",")]:
         for method, options in methods:
             target, tparams, drafter, dparams = load_pair(
@@ -64,27 +88,8 @@ def main() -> None:
                              verify_width=r.verify_width, new_tokens=r.new_tokens))
             print(f"T={temp} {name}: tau {r.tau:.2f} (verify width {r.verify_width}, "
                   f"{time.perf_counter() - t0:.0f} s)", flush=True)
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M%S")
-    meta = dict(date=stamp, commit=args.git_commit, device=str(jax.devices()[0].device_kind),
-                jax=jax.__version__, prompts=len(ids), max_new_tokens=args.max_new_tokens,
-                target=os.path.basename(target_dir), draft=draft_dir)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"tau_smollm2_{stamp}.json"), "w") as f:
-        json.dump(dict(meta=meta, rows=rows), f, indent=2)
-    temps = sorted({r["temperature"] for r in rows})
-    names = list(dict.fromkeys(r["method"] for r in rows))
-    lines = [f"# tau on {len(ids)} held-out prompts, SmolLM2-135M-Instruct + our Domino drafter "
-             f"({meta['device']}, commit {args.git_commit}, {stamp})", "",
-             "| method | verify width | " + " | ".join(f"tau T={t:g}" for t in temps) + " |",
-             "|---|---|" + "---|" * len(temps)]
-    for n in names:
-        cells = {r["temperature"]: r for r in rows if r["method"] == n}
-        width = next(iter(cells.values()))["verify_width"]
-        lines.append(f"| {n} | {width} | " + " | ".join(
-            f"{cells[t]['tau']:.2f}" if t in cells else "-" for t in temps) + " |")
-    with open(os.path.join(args.out, f"tau_smollm2_{stamp}.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines), flush=True)
+            write()                                   # partial results survive a time-out
+    print(write(), flush=True)
 
 
 if __name__ == "__main__":
