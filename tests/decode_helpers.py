@@ -240,3 +240,21 @@ def chi_square_test(counts: np.ndarray, probs: np.ndarray, min_expected: float =
     stat = float(((cells_c - cells_e) ** 2 / cells_e).sum())
     df = len(cells_c) - 1
     return stat, df, chi2_quantile(df)
+
+
+def exact_joint_probs(target: TargetLM, params, prompt: list[int], vocab: int,
+                      sampling) -> np.ndarray:
+    """``[V, V, V]`` exact probability of the first three generated tokens after ``prompt``
+    under the processed target distribution ``sampling`` (enumerates all V*V prefixes)."""
+    import itertools
+
+    from domino_jax.decode.sampling import target_log_probs
+
+    seqs = np.array([list(prompt) + [a, b] for a, b in itertools.product(range(vocab), repeat=2)],
+                    np.int32)
+    logits = full_logits(target, params, seqs)                       # [V*V, L+2, V]
+    n = len(prompt)
+    logp = np.asarray(target_log_probs(jnp.asarray(logits[:, n - 1:n + 2]), sampling),
+                      np.float64)
+    p = np.exp(logp).reshape(vocab, vocab, 3, vocab)
+    return p[0, 0, 0][:, None, None] * p[:, 0, 1][:, :, None] * p[:, :, 2]

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import itertools
 import zlib
 
 import jax
@@ -21,9 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from decode_helpers import chi_square_test, draft_config, full_logits, tiny_draft, tiny_target
+from decode_helpers import (chi_square_test, draft_config, exact_joint_probs, tiny_draft,
+                            tiny_target)
 from domino_jax.decode.drafters import ChainDrafter
-from domino_jax.decode.sampling import SamplingConfig, target_log_probs
+from domino_jax.decode.sampling import SamplingConfig
 from domino_jax.decode.speculative import DecodeConfig, generate
 from domino_jax.decode.verify import verify_match, verify_rejection
 
@@ -109,16 +109,9 @@ def models():
                 domino=(domino_cfg, tiny_draft(domino_cfg, seed=14, head_scale=3.0)))
 
 
-def exact_probs(target, params, sampling: SamplingConfig) -> np.ndarray:
-    """``[V, V, V]`` probability of (t1, t2, t3) after the prompt under ``sampling``."""
-    seqs = np.array([PROMPT + [a, b] for a, b in itertools.product(range(V), repeat=2)],
-                    np.int32)
-    logits = full_logits(target, params, seqs)                       # [V*V, L+2, V]
-    n = len(PROMPT)
-    logp = np.asarray(target_log_probs(jnp.asarray(logits[:, n - 1:n + 2]), sampling),
-                      np.float64)
-    p = np.exp(logp).reshape(V, V, 3, V)
-    return p[0, 0, 0][:, None, None] * p[:, 0, 1][:, :, None] * p[:, :, 2]
+def exact_probs(target, params, sampling):
+    """``[V, V, V]`` probability of (t1, t2, t3) after PROMPT under ``sampling``."""
+    return exact_joint_probs(target, params, PROMPT, V, sampling)
 
 
 CASES = [  # (name, method, verify, draft_policy, sampling)

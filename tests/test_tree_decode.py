@@ -10,12 +10,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from decode_helpers import (chi_square_test, draft_config, fixture_models, full_logits,
+from decode_helpers import (chi_square_test, draft_config, exact_joint_probs, fixture_models,
                             perm_domino_params, perm_target, permutation, reference_greedy,
                             tiny_draft, tiny_target)
 
 from domino_jax.decode import speculative
-from domino_jax.decode.sampling import SamplingConfig, target_log_probs
+from domino_jax.decode.sampling import SamplingConfig
 from domino_jax.decode.speculative import DecodeConfig, generate
 from domino_jax.decode.tree_drafter import TreeDrafter, walk_tree
 
@@ -136,16 +136,7 @@ ROWS = 3000
 
 def exact_probs(target, params, sampling):
     """``[V, V, V]`` probability of (t1, t2, t3) after PROMPT under ``sampling``."""
-    import itertools
-
-    seqs = np.array([PROMPT + [a, b] for a, b in itertools.product(range(V), repeat=2)],
-                    np.int32)
-    logits = full_logits(target, params, seqs)
-    n = len(PROMPT)
-    logp = np.asarray(target_log_probs(jnp.asarray(logits[:, n - 1:n + 2]), sampling),
-                      np.float64)
-    p = np.exp(logp).reshape(V, V, 3, V)
-    return p[0, 0, 0][:, None, None] * p[:, 0, 1][:, :, None] * p[:, :, 2]
+    return exact_joint_probs(target, params, PROMPT, V, sampling)
 
 
 @pytest.mark.parametrize("method", ["dominotree", "ddtree"])
