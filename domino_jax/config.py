@@ -58,6 +58,10 @@ def _rope_theta(raw: dict[str, Any], where: str) -> float:
         if rope_type not in ("default", None):
             raise ConfigError(f"{where}: rope_scaling.rope_type={rope_type!r} is not supported "
                               "(only the default RoPE is implemented)")
+    partial = raw.get("partial_rotary_factor", 1.0)
+    if partial not in (None, 1, 1.0):
+        raise ConfigError(f"{where}: partial_rotary_factor={partial!r} is not supported "
+                          "(RoPE is applied to the whole head dimension)")
     if theta is None:
         theta = 10000.0
     return float(theta)

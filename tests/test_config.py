@@ -73,6 +73,7 @@ def test_to_hf_dict_round_trip():
           moe_intermediate_size=768), "architecture"),
     (dict(architectures=["MistralForCausalLM"], model_type="mistral"), "architecture"),
     (dict(hidden_act="gelu"), "hidden_act"),
+    (dict(partial_rotary_factor=0.5), "partial_rotary_factor"),
     (dict(hidden_size=...), "hidden_size"),
 ])
 def test_unsupported_config_names_the_field(changes, field):
