@@ -61,16 +61,6 @@ class DraftTree:
         return self.tokens.shape[-1]
 
 
-UNROLL_MAX_BUDGET = 64
-
-
-def _unroll(budget: int) -> bool:
-    """Unroll the pop loop for budgets up to ``UNROLL_MAX_BUDGET``: on GPU a rolled
-    ``while`` pays a loop-condition round trip and un-fused launches per pop, which dominate
-    a pop's real work (a few small matmuls); beyond that, compile time wins."""
-    return budget <= UNROLL_MAX_BUDGET
-
-
 def _empty_tree(budget: int) -> DraftTree:
     return DraftTree(tokens=jnp.zeros((budget,), jnp.int32),
                      depths=jnp.zeros((budget,), jnp.int32),
@@ -109,7 +99,7 @@ def tree_attention_mask(tree: DraftTree) -> jax.Array:
         inherited = jnp.where(tree.valid[i], vis[tree.parents[i] + 1], False)
         return vis.at[row].set(inherited | eye[row])
 
-    return jax.lax.fori_loop(0, n, body, vis0, unroll=_unroll(n))
+    return jax.lax.fori_loop(0, n, body, vis0)
 
 
 def tree_positions(tree: DraftTree, start) -> jax.Array:
@@ -195,8 +185,7 @@ def build_ddtree(draft_logits: jax.Array, budget: int) -> DraftTree:
                     valid=valid.at[a].set(sib_ok).at[b].set(child_ok))
         return pool, tree
 
-    _, tree = jax.lax.fori_loop(0, budget, body, (pool, _empty_tree(budget)),
-                                unroll=_unroll(budget))
+    _, tree = jax.lax.fori_loop(0, budget, body, (pool, _empty_tree(budget)))
     return tree
 
 
@@ -315,8 +304,7 @@ def build_dominotree(head_params: dict[str, Any], draft_config: DraftConfig,
                               jnp.full((ntop,), push_ok)))
         return pool, states, tree
 
-    _, _, tree = jax.lax.fori_loop(0, budget, body, (pool, states, _empty_tree(budget)),
-                                   unroll=_unroll(budget))
+    _, _, tree = jax.lax.fori_loop(0, budget, body, (pool, states, _empty_tree(budget)))
     return tree
 
 
