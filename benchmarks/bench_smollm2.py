@@ -1,12 +1,28 @@
-"""Real-model speedup at batch 1: SmolLM2-135M-Instruct target + our trained Domino drafter.
+"""Real-model speed at batch 1: SmolLM2-135M-Instruct target + our trained Domino drafter.
 
-For each temperature, runs our jitted AR and Domino on the same held-out prompts (never in
-the training split, ``domino_jax.train.data.is_eval_prompt``), one prompt at a time (batch
-1), after a warm-up call per method (compile excluded), and reports tau, tokens/s,
-speedup over AR, the round cost ``c = tau / speedup`` and, at T = 0, whether every output
-is identical to AR's.
+For each temperature in ``--temperatures``, runs our jitted AR baseline and every method in
+``--methods`` on the same held-out prompts (never in the training split,
+``domino_jax.train.data.is_eval_prompt``): the chain methods ``dflash`` (the Domino
+checkpoint's base logits) and ``domino``, and the tree methods ``ddtree`` and
+``dominotree`` at every tree budget in ``--budgets``. Each (temperature, method, budget)
+task makes one warm-up call (compile excluded), then generates for each prompt one at a
+time (batch 1) and reports:
 
-    python benchmarks/bench_smollm2.py [--prompts 16] [--max-new-tokens 256] [--out DIR]
+* tau: mean tokens committed per round (accepted drafts + bonus), from ``accept_hist``;
+* tok/s: decode tokens (after the prefill's first one) over ``decode_seconds``;
+* speedup over AR at the same temperature and the round cost ``c = tau / speedup``
+  (one round's time in AR steps);
+* verify width: tokens the target verifies per round;
+* at T = 0, whether every output is identical to AR's (it must be: lossless decoding).
+
+The target is loaded once; each method's drafter is built on the same draft weights.
+Tasks run temperature by temperature (AR first); past ``--time-budget-s`` seconds from the
+start (loading included) no new task starts, and the skipped ones are listed. The JSON and
+Markdown are rewritten after every task, so a killed run leaves partial results.
+
+    python benchmarks/bench_smollm2.py [--prompts 16] [--max-new-tokens 256] \\
+        [--methods ar,dflash,domino,ddtree,dominotree] [--budgets 8,16,32,64] \\
+        [--temperatures 0,1] [--time-budget-s 540] [--out DIR]
 
 Writes ``smollm2_<date>.json`` and ``.md`` into ``--out`` (default ``$OUT`` or
 ``benchmarks/results``).
@@ -18,12 +34,64 @@ import argparse
 import datetime
 import json
 import os
+import subprocess
 import sys
+import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+TREE_METHODS = ("ddtree", "dominotree")
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def measure(target, tparams, drafter, dparams, config, ids) -> dict:
+    """Warm-up, then one prompt at a time: tokens/s, tau, verify width and the outputs."""
+    from domino_jax.decode.speculative import generate
+
+    generate(target, tparams, [ids[0]], config, drafter, dparams, seed=0)      # warm-up
+    tokens, seconds, rounds, committed, outputs = 0, 0.0, 0, 0, []
+    for i, prompt in enumerate(ids):
+        r = generate(target, tparams, [prompt], config, drafter, dparams, seed=i)
+        tokens += r.new_tokens - 1              # the first token comes from prefill
+        seconds += r.decode_seconds
+        hist = r.accept_hist.sum(0)
+        rounds += int(hist.sum())
+        committed += int((hist * range(len(hist))).sum())
+        outputs.append(r.tokens[0])
+    return dict(tokens=tokens, seconds=seconds, tau=committed / max(rounds, 1),
+                tokens_per_second=tokens / max(seconds, 1e-9), verify_width=r.verify_width,
+                outputs=outputs)
+
+
+def markdown(meta: dict, rows: list[dict]) -> str:
+    fmt = lambda v, spec, suffix="": "-" if v is None else f"{v:{spec}}{suffix}"
+    lines = [f"# SmolLM2-135M-Instruct + trained Domino drafter, batch 1 ({meta['device']}, "
+             f"commit {meta['commit'][:12]}, {meta['date']})", "",
+             f"{meta['prompts']} held-out prompts, max_new_tokens {meta['max_new_tokens']}, "
+             f"jax {meta['jax']}.", "",
+             "| T | method | budget | verify width | tau | tok/s | speedup vs AR | c | "
+             "identical to AR (T=0) |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        same = "-" if r["identical_to_ar"] is None else ("yes" if r["identical_to_ar"] else "NO")
+        lines.append(f"| {r['temperature']:g} | {r['method']} | {fmt(r['budget'], 'd')} | "
+                     f"{r['verify_width']} | {r['tau']:.2f} | {r['tokens_per_second']:.1f} | "
+                     f"{fmt(r['speedup'], '.2f', 'x')} | {fmt(r['round_cost_c'], '.2f')} | "
+                     f"{same} |")
+    if meta["skipped"]:
+        lines += ["", f"Not run (time budget {meta['time_budget_s']:g} s): "
+                  + ", ".join(meta["skipped"]) + "."]
+    return "\n".join(lines)
 
 
 def main() -> None:
+    t_start = time.perf_counter()
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default=None)
@@ -31,74 +99,94 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperatures", default="0,1")
-    p.add_argument("--git-commit", default="unknown")
-    p.add_argument("--out", default=os.environ.get("OUT") or os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), "results"))
+    p.add_argument("--methods", default="ar,dflash,domino,ddtree,dominotree")
+    p.add_argument("--budgets", default="8,16,32,64", help="tree budgets (tree methods)")
+    p.add_argument("--time-budget-s", type=float, default=540.0,
+                   help="start no new (temperature, method) task past this many seconds")
+    p.add_argument("--git-commit", default=None, help="default: git rev-parse HEAD")
+    p.add_argument("--out", default=os.environ.get("OUT") or os.path.join(REPO, "benchmarks",
+                                                                          "results"))
     args = p.parse_args()
 
     import jax
     import jax.numpy as jnp
 
+    from domino_jax.decode.drafters import ChainDrafter
     from domino_jax.decode.loading import default_models, load_pair, load_tokenizer
     from domino_jax.decode.sampling import SamplingConfig
-    from domino_jax.decode.speculative import DecodeConfig, generate
+    from domino_jax.decode.speculative import DecodeConfig
+    from domino_jax.decode.tree_drafter import TreeDrafter
     from domino_jax.train.data import build_prompts, chat_ids, is_eval_prompt, stop_ids_of
 
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    budgets = [int(b) for b in args.budgets.split(",")]
+    tasks = [(m, None) for m in methods if m not in TREE_METHODS]
+    tasks += [(m, b) for b in budgets for m in methods if m in TREE_METHODS]
     target_dir, draft_dir = default_models(args.target, args.draft)
+    if draft_dir is None and any(m != "ar" for m in methods):
+        raise SystemExit("no drafter found: pass --draft DIR or --methods ar")
     dtype = jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
-    target, tparams, drafter, dparams = load_pair(target_dir, draft_dir, "domino", dtype)
+    # One load: "dflash" fits any DFlash/Domino checkpoint; the other drafters share its
+    # config and weights.
+    target, tparams, base, dparams = load_pair(target_dir, draft_dir, "dflash", dtype)
+
+    def drafter_for(method: str, budget: int | None):
+        if method == "ar":
+            return None
+        if method in TREE_METHODS:
+            return TreeDrafter(base.config, target, method, budget=budget)
+        return ChainDrafter(base.config, target, method)
+
     tokenizer = load_tokenizer(target_dir)
     prompts = [q for q in build_prompts(4000, seed=123) if is_eval_prompt(q)][:args.prompts]
     ids = [chat_ids(tokenizer, q) for q in prompts]
     stops = stop_ids_of(tokenizer, target.config)
-    print(f"{len(ids)} held-out prompts; backend {jax.default_backend()}; draft {draft_dir}",
-          flush=True)
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M%S")
+    meta = dict(date=stamp, commit=args.git_commit or git_commit(),
+                device=str(jax.devices()[0].device_kind), jax=jax.__version__,
+                prompts=len(ids), max_new_tokens=args.max_new_tokens, batch=1,
+                time_budget_s=args.time_budget_s, target=target_dir, draft=draft_dir,
+                prompt_texts=prompts, skipped=[])
+    print(f"{len(ids)} held-out prompts; backend {jax.default_backend()}; draft {draft_dir}; "
+          f"{len(tasks)} tasks per temperature, T in {args.temperatures}", flush=True)
+    os.makedirs(args.out, exist_ok=True)
     rows = []
+
+    def write() -> str:
+        with open(os.path.join(args.out, f"smollm2_{stamp}.json"), "w") as f:
+            json.dump(dict(meta=meta, rows=rows), f, indent=2)
+        text = markdown(meta, rows)
+        with open(os.path.join(args.out, f"smollm2_{stamp}.md"), "w") as f:
+            f.write(text + "\n")
+        return text
+
     for temp in [float(t) for t in args.temperatures.split(",")]:
-        per_method = {}
-        for method in ("ar", "domino"):
+        ar = None                                   # AR's measurement at this temperature
+        for method, budget in tasks:
+            name = method + (f"@{budget}" if budget is not None else "")
+            if time.perf_counter() - t_start > args.time_budget_s:
+                meta["skipped"].append(f"T={temp:g} {name}")
+                continue
             config = DecodeConfig(method=method, max_new_tokens=args.max_new_tokens,
                                   sampling=SamplingConfig(temp), stop_token_ids=stops)
-            dr, dp = (drafter, dparams) if method == "domino" else (None, None)
-            generate(target, tparams, [ids[0]], config, dr, dp, seed=0)        # warm-up
-            tokens, seconds, rounds, committed, outputs = 0, 0.0, 0, 0, []
-            for i, prompt in enumerate(ids):
-                r = generate(target, tparams, [prompt], config, dr, dp, seed=i)
-                tokens += r.new_tokens - 1          # the first token comes from prefill
-                seconds += r.decode_seconds
-                hist = r.accept_hist.sum(0)
-                rounds += int(hist.sum())
-                committed += int((hist * range(len(hist))).sum())
-                outputs.append(r.tokens[0])
-            per_method[method] = dict(tokens=tokens, seconds=seconds, tau=committed / max(rounds, 1),
-                                      tokens_per_second=tokens / seconds, outputs=outputs)
-            print(f"T={temp} {method}: tau {per_method[method]['tau']:.2f}, "
-                  f"{per_method[method]['tokens_per_second']:.1f} tok/s", flush=True)
-        ar, dom = per_method["ar"], per_method["domino"]
-        speedup = dom["tokens_per_second"] / ar["tokens_per_second"]
-        rows.append(dict(temperature=temp, ar_tokens_per_second=ar["tokens_per_second"],
-                         ar_ms_per_token=1e3 / ar["tokens_per_second"],
-                         domino_tokens_per_second=dom["tokens_per_second"],
-                         domino_tau=dom["tau"], speedup=speedup, round_cost_c=dom["tau"] / speedup,
-                         identical_to_ar=(dom["outputs"] == ar["outputs"]) if temp == 0 else None))
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M%S")
-    meta = dict(date=stamp, commit=args.git_commit, device=str(jax.devices()[0].device_kind),
-                jax=jax.__version__, prompts=len(ids), max_new_tokens=args.max_new_tokens,
-                batch=1, verify_width=drafter.num_drafts + 1, target=target_dir, draft=draft_dir)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"smollm2_{stamp}.json"), "w") as f:
-        json.dump(dict(meta=meta, rows=rows), f, indent=2)
-    lines = [f"# SmolLM2-135M-Instruct + trained Domino drafter, batch 1 ({meta['device']}, "
-             f"commit {args.git_commit}, {stamp})", "",
-             "| T | AR ms/token | Domino tok/s | tau | speedup | c | identical to AR |",
-             "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['temperature']} | {r['ar_ms_per_token']:.2f} | "
-                     f"{r['domino_tokens_per_second']:.1f} | {r['domino_tau']:.2f} | "
-                     f"{r['speedup']:.2f}x | {r['round_cost_c']:.2f} | {r['identical_to_ar']} |")
-    with open(os.path.join(args.out, f"smollm2_{stamp}.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines), flush=True)
+            drafter = drafter_for(method, budget)
+            m = measure(target, tparams, drafter, dparams if drafter else None, config, ids)
+            if method == "ar":
+                ar = m
+            speedup = m["tokens_per_second"] / ar["tokens_per_second"] if ar else None
+            rows.append(dict(temperature=temp, method=method, budget=budget,
+                             verify_width=m["verify_width"], tau=m["tau"], tokens=m["tokens"],
+                             decode_seconds=m["seconds"],
+                             tokens_per_second=m["tokens_per_second"],
+                             ms_per_token=1e3 / max(m["tokens_per_second"], 1e-9),
+                             speedup=speedup, round_cost_c=m["tau"] / speedup if speedup else None,
+                             identical_to_ar=(m["outputs"] == ar["outputs"])
+                             if temp == 0 and ar and method != "ar" else None))
+            print(f"T={temp:g} {name}: tau {m['tau']:.2f}, {m['tokens_per_second']:.1f} tok/s"
+                  + (f", {speedup:.2f}x AR" if speedup else "")
+                  + f" ({time.perf_counter() - t_start:.0f} s elapsed)", flush=True)
+            write()                                 # partial results survive a kill
+    print(write(), flush=True)
 
 
 if __name__ == "__main__":

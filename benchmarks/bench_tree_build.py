@@ -1,7 +1,9 @@
 """On-device tree build time per round at the Qwen3-8B drafter shape (random weights).
 
 DominoTree (K = 16 depths, node_topk 8, topm 64, the real head shape: H 4096, G 1024,
-E 256, V 151936) and DDTree (K = 15 depths over V = 151936), budgets 8/16/32/64, batch 1.
+E 256, V 151936) and DDTree (K = 15 depths over V = 151936), budgets 8/16/32/64, batch 1,
+with both builders: ``heap`` (domino_jax/decode/tree.py, one sequential pop per node) and
+``frontier`` (domino_jax/decode/tree_frontier.py, one batched step per depth; the default).
 Each build is one jitted call; warm-up first, then the median of ``--reps`` calls with
 ``block_until_ready``. Target (performance.md): <= 0.5 ms per round at budget 16.
 
@@ -39,6 +41,7 @@ def main() -> None:
 
     from domino_jax.config import QWEN3_8B_DOMINO_DRAFT
     from domino_jax.decode import tree as tree_lib
+    from domino_jax.decode import tree_frontier
     from domino_jax.models.domino_head import init_head_params
 
     cfg = QWEN3_8B_DOMINO_DRAFT
@@ -63,16 +66,20 @@ def main() -> None:
             times.append((time.perf_counter() - t0) * 1e3)
         return statistics.median(times)
 
+    builders = {"heap": (tree_lib.build_dominotree, tree_lib.build_ddtree),
+                "frontier": (tree_frontier.frontier_dominotree, tree_frontier.frontier_ddtree)}
     rows = []
     for budget in [int(b) for b in args.budgets.split(",")]:
-        domino = jax.jit(lambda hp, hd, b, s, e, n=budget: tree_lib.build_dominotree(
-            hp, cfg, hd, b, s, e, n, node_topk=8, topm=64))
-        ddtree = jax.jit(lambda b, n=budget: tree_lib.build_ddtree(b, n))
-        ms_domino = timed(domino, head, hidden, base, root_state, embed)
-        ms_ddtree = timed(ddtree, base[1:].astype(jnp.float32))
-        rows.append(dict(budget=budget, dominotree_ms=ms_domino, ddtree_ms=ms_ddtree))
-        print(f"budget {budget}: dominotree {ms_domino:.3f} ms, ddtree {ms_ddtree:.3f} ms",
-              flush=True)
+        row = dict(budget=budget)
+        for name, (build_domino, build_dd) in builders.items():
+            domino = jax.jit(lambda hp, hd, b, s, e, n=budget, f=build_domino: f(
+                hp, cfg, hd, b, s, e, n, node_topk=8, topm=64))
+            ddtree = jax.jit(lambda b, n=budget, f=build_dd: f(b, n))
+            row[f"dominotree_{name}_ms"] = timed(domino, head, hidden, base, root_state, embed)
+            row[f"ddtree_{name}_ms"] = timed(ddtree, base[1:].astype(jnp.float32))
+        rows.append(row)
+        print(" ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                       for k, v in row.items()), flush=True)
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M%S")
     meta = dict(date=stamp, commit=args.git_commit, device=str(jax.devices()[0].device_kind),
                 jax=jax.__version__, dtype=str(jnp.dtype(dtype)), K=k, H=h, V=v,
@@ -82,9 +89,12 @@ def main() -> None:
         json.dump(dict(meta=meta, rows=rows), f, indent=2)
     lines = [f"# Tree build per round ({meta['device']}, {meta['dtype']}, commit "
              f"{args.git_commit}; K={k}, V={v}, H={h}, G={meta['G']}, E={meta['E']}, "
-             "node_topk 8, topm 64)", "", "| budget | DominoTree ms | DDTree ms |",
-             "|---|---|---|"]
-    lines += [f"| {r['budget']} | {r['dominotree_ms']:.3f} | {r['ddtree_ms']:.3f} |" for r in rows]
+             "node_topk 8, topm 64)", "",
+             "| budget | DominoTree frontier ms | DominoTree heap ms | DDTree frontier ms | "
+             "DDTree heap ms |", "|---|---|---|---|---|"]
+    lines += [f"| {r['budget']} | {r['dominotree_frontier_ms']:.3f} | "
+              f"{r['dominotree_heap_ms']:.3f} | {r['ddtree_frontier_ms']:.3f} | "
+              f"{r['ddtree_heap_ms']:.3f} |" for r in rows]
     with open(os.path.join(args.out, f"tree_build_{stamp}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)

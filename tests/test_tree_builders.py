@@ -1,4 +1,6 @@
-"""On-device draft-tree builders (domino_jax/decode/tree.py) vs the references.
+"""On-device draft-tree builders vs the references: the heap builders
+(domino_jax/decode/tree.py) and the depth-synchronous frontier builders
+(domino_jax/decode/tree_frontier.py) must give the same trees.
 
 * Golden fixtures (tests/fixtures/reference): DominoTree top-16 / full-vocab / marginal trees
   for ``domino_shift`` and ``domino_noshift``, DDTree tree + visibility for ``dflash``.
@@ -24,6 +26,7 @@ from domino_jax.config import DraftConfig
 from domino_jax.decode.tree import (DraftTree, build_ddtree, build_ddtree_batched,
                                     build_dominotree, build_dominotree_batched,
                                     root_gru_state, tree_attention_mask, tree_positions)
+from domino_jax.decode.tree_frontier import frontier_ddtree, frontier_dominotree
 from domino_jax.models.domino_head import correction
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "reference")
@@ -163,10 +166,18 @@ def _fixture(name):
     return np.load(os.path.join(FIXTURES, name, "outputs.npz"))
 
 
-def test_ddtree_fixture():
+# (ddtree builder, dominotree builder) per builder family; every test below runs on both
+BUILDERS = {"heap": (build_ddtree, build_dominotree),
+            "frontier": (frontier_ddtree, frontier_dominotree)}
+_JITTED = {name: (jax.jit(dd, static_argnums=1), jax.jit(dom, static_argnums=(1, 6, 7, 8, 9)))
+           for name, (dd, dom) in BUILDERS.items()}
+
+
+@pytest.mark.parametrize("builder", BUILDERS)
+def test_ddtree_fixture(builder):
     z = _fixture("dflash")
     budget = int(z["tree_budget"])
-    tree = jax.jit(build_ddtree, static_argnums=1)(jnp.asarray(z["base_logits"][0, 1:]), budget)
+    tree = _JITTED[builder][0](jnp.asarray(z["base_logits"][0, 1:]), budget)
     assert np.asarray(tree.valid).all()
     assert np.asarray(tree.tokens).tolist() == z["tree_ddtree_tokens"].tolist()
     assert (np.asarray(tree.depths) + 1).tolist() == z["tree_ddtree_depths"].tolist()
@@ -178,8 +189,9 @@ def test_ddtree_fixture():
     assert_tree_equals(tree, nodes, budget)
 
 
+@pytest.mark.parametrize("builder", BUILDERS)
 @pytest.mark.parametrize("name", ["domino_shift", "domino_noshift"])
-def test_dominotree_fixture(name):
+def test_dominotree_fixture(name, builder):
     z = _fixture(name)
     config, params = load_draft(os.path.join(FIXTURES, name, "draft"), dtype=jnp.float32)
     _, target = load_target(os.path.join(FIXTURES, name, "target"), dtype=jnp.float32)
@@ -190,7 +202,7 @@ def test_dominotree_fixture(name):
     root_state = root_gru_state(head, embed[int(z["block_ids"][0, 0])])
     budget, node_topk = int(z["tree_budget"]), int(z["tree_node_topk"])
     hid, base = jnp.asarray(z["tree_draft_hidden"]), jnp.asarray(z["tree_base_logits"])
-    build = jax.jit(build_dominotree, static_argnums=(1, 6, 7, 8, 9))
+    build = _JITTED[builder][1]
     for prefix, topm, marginal in (("tree_dominotree_m16", 16, False),
                                    ("tree_dominotree_full", 0, False),
                                    ("tree_marginal", 16, True)):
@@ -231,10 +243,6 @@ def _draft_config(vocab, prefix_len):
                        shift_label=True, emb_dim=E, gru_hidden_dim=G)
 
 
-_jit_ddtree = jax.jit(build_ddtree, static_argnums=1)
-_jit_domino = jax.jit(build_dominotree, static_argnums=(1, 6, 7, 8, 9))
-
-
 def _tie_free(make, seed, min_gap=1e-4):
     """Draw inputs until the host builder's popped-vs-rest score gaps all exceed min_gap."""
     for attempt in range(50):
@@ -245,8 +253,9 @@ def _tie_free(make, seed, min_gap=1e-4):
     raise AssertionError("no tie-free draw")
 
 
+@pytest.mark.parametrize("builder", BUILDERS)
 @pytest.mark.parametrize("seed", range(24))
-def test_ddtree_random_matches_host(seed):
+def test_ddtree_random_matches_host(seed, builder):
     budget = 1 + seed % 20
     def make(rng):
         k_depth, vocab = int(rng.integers(1, 6)), int(rng.integers(2, 24))
@@ -254,12 +263,13 @@ def test_ddtree_random_matches_host(seed):
         nodes, gap = host_ddtree(logits, budget)
         return logits, nodes, gap
     logits, nodes, _ = _tie_free(make, seed)
-    tree = _jit_ddtree(jnp.asarray(logits), budget)
+    tree = _JITTED[builder][0](jnp.asarray(logits), budget)
     assert_tree_equals(tree, nodes, budget)
 
 
+@pytest.mark.parametrize("builder", BUILDERS)
 @pytest.mark.parametrize("seed", range(24))
-def test_dominotree_random_matches_host(seed):
+def test_dominotree_random_matches_host(seed, builder):
     budget = 1 + (7 * seed) % 20
     node_topk = 1 + seed % 4
     prefix_len = seed % 3
@@ -276,7 +286,7 @@ def test_dominotree_random_matches_host(seed):
                                      node_topk, topm, marginal)
         return head, hid, base, embed, root, topm, nodes, gap
     head, hid, base, embed, root, topm, nodes, _ = _tie_free(make, seed)
-    tree = _jit_domino(head, _draft_config(base.shape[1], prefix_len), jnp.asarray(hid),
+    tree = _JITTED[builder][1](head, _draft_config(base.shape[1], prefix_len), jnp.asarray(hid),
                        jnp.asarray(base), jnp.asarray(root), jnp.asarray(embed), budget,
                        node_topk, topm, marginal)
     assert_tree_equals(tree, nodes, budget)
@@ -286,7 +296,9 @@ def test_dominotree_random_matches_host(seed):
 # Budget 1, exhaustion, jit + vmap
 
 
-def test_budget_one_is_best_first_token():
+@pytest.mark.parametrize("builder", BUILDERS)
+def test_budget_one_is_best_first_token(builder):
+    _jit_ddtree, _jit_domino = _JITTED[builder]
     rng = np.random.default_rng(7)
     logits = rng.standard_normal((4, 30)).astype(np.float32)
     tree = _jit_ddtree(jnp.asarray(logits), 1)
@@ -312,7 +324,9 @@ def test_budget_one_is_best_first_token():
             assert tree.depths.tolist() == [0] and tree.parents.tolist() == [-1]
 
 
-def test_exhausted_pool_marks_tail_invalid():
+@pytest.mark.parametrize("builder", BUILDERS)
+def test_exhausted_pool_marks_tail_invalid(builder):
+    _jit_ddtree = _JITTED[builder][0]
     rng = np.random.default_rng(3)
     logits = jnp.asarray(rng.standard_normal((2, 3)).astype(np.float32))
     tree = _jit_ddtree(logits, 20)              # at most 3 + 3*3 = 12 nodes
@@ -325,6 +339,7 @@ def test_exhausted_pool_marks_tail_invalid():
 
 
 def test_jit_vmap_batch():
+    _jit_ddtree, _jit_domino = _JITTED["heap"]
     rng = np.random.default_rng(11)
     batch, k_depth, vocab, budget = 3, 4, 20, 9
     logits = jnp.asarray(rng.standard_normal((batch, k_depth, vocab)).astype(np.float32))

@@ -24,14 +24,17 @@ PI = permutation(32, seed=0)
 MAX_NEW = 16
 
 
-def run_tree(target, params, prompts, method, cfg, dparams, budget=8, topm=16, **kw):
-    drafter = TreeDrafter(cfg, target, method, budget=budget, node_topk=4, topm=topm)
+def run_tree(target, params, prompts, method, cfg, dparams, budget=8, topm=16,
+             builder="frontier", **kw):
+    drafter = TreeDrafter(cfg, target, method, budget=budget, node_topk=4, topm=topm,
+                          builder=builder)
     return generate(target, params, prompts, DecodeConfig(method=method, **kw),
                     drafter=drafter, draft_params=dparams)
 
 
+@pytest.mark.parametrize("builder", ["frontier", "heap"])
 @pytest.mark.parametrize("name", ["domino_shift", "dflash"])
-def test_fixture_trees_greedy_equal_ar(name):
+def test_fixture_trees_greedy_equal_ar(name, builder):
     target, params, cfg, dparams, outputs = fixture_models(name)
     prompts = [outputs["prompt"][0].tolist(), [5, 6, 7], list(range(20, 29))]
     ref = reference_greedy(target, params, prompts, 24)
@@ -39,7 +42,7 @@ def test_fixture_trees_greedy_equal_ar(name):
     methods = ["ddtree", "dominotree"] if cfg.has_domino_head else ["ddtree"]
     for method in methods:
         result = run_tree(target, params, prompts, method, cfg, dparams, budget=12,
-                          max_new_tokens=24)
+                          builder=builder, max_new_tokens=24)
         assert result.tokens == ref, method
         assert result.verify_width == 13
 
@@ -166,5 +169,7 @@ def test_tree_options_are_checked():
         TreeDrafter(dflash_cfg, target, "dominotree")
     with pytest.raises(ValueError, match="budget"):
         TreeDrafter(dflash_cfg, target, "ddtree", budget=0)
+    with pytest.raises(ValueError, match="unknown tree builder 'beam'"):
+        TreeDrafter(dflash_cfg, target, "ddtree", builder="beam")
     with pytest.raises(ValueError, match="match"):
         DecodeConfig(method="ddtree", verify="rejection")

@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dominotree: candidate tokens per depth for the correction (0 = all)")
     p.add_argument("--node-topk", type=int, default=8,
                    help="dominotree: children scored per expanded node")
+    p.add_argument("--tree-builder", default="frontier", choices=("frontier", "heap"),
+                   help="tree methods: 'frontier' (one batched step per depth, default) or "
+                        "'heap' (one pop per node); both build the same tree")
     p.add_argument("--prompt", action="append",
                    help="a prompt (repeat for a batch); default: a built-in question")
     p.add_argument("--prompt-file", help="a text file, one prompt per non-empty line (a batch)")
@@ -93,7 +96,8 @@ def _run(args) -> int:
         raise ValueError(f"method {method!r} needs a drafter: pass --draft DIR")
     dtype = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}.get(
         args.dtype, jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16)
-    tree_options = (dict(budget=args.budget, topm=args.topm, node_topk=args.node_topk)
+    tree_options = (dict(budget=args.budget, topm=args.topm, node_topk=args.node_topk,
+                         builder=args.tree_builder)
                     if method in ("ddtree", "dominotree") else {})
     target, target_params, drafter, draft_params = load_pair(
         target_dir, draft_dir if method != "ar" else None, method, dtype, **tree_options)

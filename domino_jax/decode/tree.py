@@ -206,6 +206,73 @@ def root_gru_state(head_params: dict[str, Any], root_embed: jax.Array) -> jax.Ar
     return gru_step_from_gates(head_params, gru_input_gates(head_params, root_embed), zeros)
 
 
+def dominotree_scorer(head_params: dict[str, Any], draft_config: DraftConfig,
+                      draft_hidden: jax.Array, base_logits: jax.Array, node_topk: int = 8,
+                      topm: int = 64, marginal: bool = False):
+    """The per-round part of §5.3 ``children_fn``, shared by both DominoTree builders.
+
+    Precomputes once per round (per depth ``d``): ``z_proj[d] = W1_z · hid[d]``, the top-M
+    base candidates ``cand[d]``, their base logits and their float32 ``W2`` rows. Returns
+    ``(children, ntop)`` where ``children(states [..., G], d) -> (tokens [..., ntop] int32,
+    log_probs [..., ntop] float32)`` gives the top-``ntop`` children at depth ``d`` (clamped
+    to ``K - 1``; static or traced) of nodes whose GRU states are ``states``:
+
+    * ``d < P`` (``pure_draft_prefix_len``) or ``marginal``: top of the full-vocab
+      ``log_softmax(base[d])``, the same for every state;
+    * ``topm = M > 0``: ``c = base[d][cand] + W2c[d] · silu(W1 · [hid[d]; state])``,
+      normalised over the ``M`` candidates only (the reference's mixed normalisation);
+    * ``topm = 0``: the full-vocabulary correction.
+    """
+    k_depth, vocab = base_logits.shape
+    hidden_size = draft_hidden.shape[-1]
+    prefix = draft_config.pure_draft_prefix_len
+    ntop = min(node_topk, vocab)
+    act = draft_hidden.dtype
+    base = base_logits.astype(jnp.float32)
+    base_lp, base_tok = jax.lax.top_k(jax.nn.log_softmax(base, axis=-1), ntop)   # [K, ntop]
+    base_tok = base_tok.astype(jnp.int32)
+    m = min(topm, vocab)
+    if not marginal:
+        w1_z, w1_s = _split_w1(head_params, hidden_size)
+        w2 = head_params["embed_proj_2"]["kernel"]                     # [E, V]
+        z_proj = _matmul(draft_hidden, w1_z)                           # [K, E] f32
+        if m > 0:
+            _, cand = jax.lax.top_k(base, m)                           # [K, M] path independent
+            cand = cand.astype(jnp.int32)
+            bc = jnp.take_along_axis(base, cand, axis=-1)              # [K, M]
+            w2c = jnp.moveaxis(w2[:, cand], 0, -1).astype(jnp.float32)  # [K, M, E]
+
+    def children(states, d):
+        d = jnp.minimum(d, k_depth - 1)
+        batch = states.shape[:-1]
+        from_base = (jnp.broadcast_to(base_tok[d], batch + (ntop,)),
+                     jnp.broadcast_to(base_lp[d], batch + (ntop,)))
+        if marginal:
+            return from_base
+        pre = z_proj[d] + _matmul(states.astype(act), w1_s)
+        u = jax.nn.silu(pre).astype(jnp.float32)                      # [..., E]
+        if m > 0:
+            c = bc[d] + jnp.einsum("me,...e->...m", w2c[d], u)
+            lp_c, j = jax.lax.top_k(jax.nn.log_softmax(c), ntop)
+            tok_c = cand[d][j]
+        else:
+            c = base[d] + _matmul(u.astype(act), w2)
+            lp_c, tok_c = jax.lax.top_k(jax.nn.log_softmax(c), ntop)
+            tok_c = tok_c.astype(jnp.int32)
+        use_base = d < prefix
+        return (jnp.where(use_base, from_base[0], tok_c), jnp.where(use_base, from_base[1], lp_c))
+
+    return children, ntop
+
+
+def dominotree_child_state(head_params: dict[str, Any], embed_table: jax.Array,
+                           parent_states: jax.Array, tokens: jax.Array) -> jax.Array:
+    """GRU state of a node from its parent's state and its own token: ``parent_states
+    [..., G]``, ``tokens [...]`` -> ``[..., G]`` (one GRU step on the token's embedding)."""
+    x = embed_table[tokens].astype(parent_states.dtype)
+    return gru_step_from_gates(head_params, gru_input_gates(head_params, x), parent_states)
+
+
 def build_dominotree(head_params: dict[str, Any], draft_config: DraftConfig,
                      draft_hidden: jax.Array, base_logits: jax.Array, root_state: jax.Array,
                      embed_table: jax.Array, budget: int, node_topk: int = 8, topm: int = 64,
@@ -225,51 +292,13 @@ def build_dominotree(head_params: dict[str, Any], draft_config: DraftConfig,
         over them; 0: full-vocabulary correction.
       marginal: the path-independent control: every depth uses the top-``node_topk`` of the
         full-vocab ``log_softmax(base[d])`` (no head, no GRU).
-    Children of a depth-``d`` node at depth ``d+1``: ``d+1 < P`` (or marginal) → base
-    top-``node_topk``; else corrected with the node's own GRU state (root + path tokens).
-    Eager expansion (all children pushed on pop, if depth+1 < K); ties: insertion counter.
-    Pool: append-only, ``node_topk * (N + 1)`` slots.
+    Children scoring: :func:`dominotree_scorer`. Eager expansion (all children pushed on pop,
+    if depth+1 < K); ties: insertion counter. Pool: append-only, ``node_topk * (N + 1)`` slots.
     """
-    k_depth, vocab = base_logits.shape
-    hidden_size = draft_hidden.shape[-1]
-    prefix = draft_config.pure_draft_prefix_len
-    ntop = min(node_topk, vocab)
-    act = draft_hidden.dtype
-    base = base_logits.astype(jnp.float32)
-    base_lp, base_tok = jax.lax.top_k(jax.nn.log_softmax(base, axis=-1), ntop)   # [K, ntop]
-    base_tok = base_tok.astype(jnp.int32)
+    k_depth = base_logits.shape[0]
+    children, ntop = dominotree_scorer(head_params, draft_config, draft_hidden, base_logits,
+                                       node_topk, topm, marginal)
     g = root_state.shape[-1]
-
-    if not marginal:
-        w1_z, w1_s = _split_w1(head_params, hidden_size)
-        w2 = head_params["embed_proj_2"]["kernel"]                     # [E, V]
-        z_proj = _matmul(draft_hidden, w1_z)                           # [K, E] f32
-        m = min(topm, vocab)
-        if m > 0:
-            _, cand = jax.lax.top_k(base, m)                           # [K, M] path independent
-            cand = cand.astype(jnp.int32)
-            bc = jnp.take_along_axis(base, cand, axis=-1)              # [K, M]
-            w2c = jnp.moveaxis(w2.astype(jnp.float32)[:, cand], 0, -1)  # [K, M, E]
-
-    def children(state, d):
-        """Top-``ntop`` children at depth ``d`` (clamped to K-1) of a node with ``state``."""
-        d = jnp.minimum(d, k_depth - 1)
-        if marginal:
-            return base_tok[d], base_lp[d]
-        pre = z_proj[d] + _matmul(state.astype(act), w1_s)
-        u = jax.nn.silu(pre).astype(jnp.float32)                      # [E]
-        if m > 0:
-            c = bc[d] + jnp.einsum("me,e->m", w2c[d], u)
-            lp_c, j = jax.lax.top_k(jax.nn.log_softmax(c), ntop)
-            tok_c = cand[d][j]
-        else:
-            c = base[d] + _matmul(u.astype(act), w2)
-            lp_c, tok_c = jax.lax.top_k(jax.nn.log_softmax(c), ntop)
-            tok_c = tok_c.astype(jnp.int32)
-        use_base = d < prefix
-        return (jnp.where(use_base, base_tok[d], tok_c),
-                jnp.where(use_base, base_lp[d], lp_c))
-
     size = ntop * (budget + 1)
     tok0, lp0 = children(root_state, 0)
     pool = dict(score=jnp.full((size,), -jnp.inf, jnp.float32).at[:ntop].set(lp0),
@@ -289,8 +318,7 @@ def build_dominotree(head_params: dict[str, Any], draft_config: DraftConfig,
             state = root_state
         else:
             parent_state = jnp.where(parent >= 0, states[jnp.maximum(parent, 0)], root_state)
-            gates = gru_input_gates(head_params, embed_table[token].astype(act))
-            state = gru_step_from_gates(head_params, gates, parent_state)
+            state = dominotree_child_state(head_params, embed_table, parent_state, token)
             states = states.at[i].set(state)
         ctok, clp = children(state, depth + 1)
         push_ok = ok & (depth + 1 < k_depth)

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from domino_jax.decode import tree as tree_lib
+from domino_jax.decode import tree_frontier
 from domino_jax.decode.drafters import ChainDrafter
 from domino_jax.decode.sampling import target_log_probs
 
@@ -62,8 +63,11 @@ class TreeDrafter(ChainDrafter):
     budget: int = 16          # tree nodes, root excluded (verify width budget + 1)
     node_topk: int = 8        # DominoTree: children per expansion
     topm: int = 64            # DominoTree: candidate pool per depth (0 = full vocabulary)
+    builder: str = "frontier"  # "frontier" (K batched depth steps) | "heap" (N sequential pops)
 
     is_tree = True
+    BUILDERS = {"frontier": (tree_frontier.frontier_ddtree, tree_frontier.frontier_dominotree),
+                "heap": (tree_lib.build_ddtree, tree_lib.build_dominotree)}
 
     def __post_init__(self):
         if self.method not in ("ddtree", "dominotree"):
@@ -73,6 +77,9 @@ class TreeDrafter(ChainDrafter):
                              "embed_proj tensors); use 'ddtree' with a plain DFlash drafter")
         if self.budget < 1:
             raise ValueError(f"tree budget must be >= 1, got {self.budget}")
+        if self.builder not in self.BUILDERS:
+            raise ValueError(f"unknown tree builder {self.builder!r}; choose one of "
+                             f"{sorted(self.BUILDERS)}")
         if self.node_topk < 1 or self.topm < 0:
             raise ValueError(f"node_topk must be >= 1 and topm >= 0 (got {self.node_topk}, "
                              f"{self.topm})")
@@ -86,14 +93,16 @@ class TreeDrafter(ChainDrafter):
         return min(self.budget, self.num_drafts) + 1
 
     def build(self, target_params, draft_params, root, hidden, base):
-        """Batched trees ``[B, N]`` from the draft positions' hidden states / base logits."""
+        """Batched trees ``[B, N]`` from the draft positions' hidden states / base logits.
+        Both builders give the same tree up to exact score ties (tests/test_tree_builders.py)."""
+        build_ddtree, build_dominotree = self.BUILDERS[self.builder]
         if self.method == "ddtree":
-            return jax.vmap(lambda b: tree_lib.build_ddtree(b, self.budget))(base)
+            return jax.vmap(lambda b: build_ddtree(b, self.budget))(base)
         head = draft_params["head"]
         embed_table = target_params["embed_tokens"]["embedding"]
         root_embed = self._embed(target_params, root).astype(hidden.dtype)
         root_state = tree_lib.root_gru_state(head, root_embed)            # after [root]
-        build = lambda h, b, s: tree_lib.build_dominotree(
+        build = lambda h, b, s: build_dominotree(
             head, self.config, h, b, s, embed_table, self.budget, node_topk=self.node_topk,
             topm=self.topm)
         return jax.vmap(build)(hidden, base, root_state)
