@@ -33,8 +33,10 @@ PI = permutation(32, seed=0)
 MAX_NEW = 16
 
 
-def run(target, params, prompts, method, drafter_cfg=None, draft_params=None, **kw):
-    drafter = None if method == "ar" else ChainDrafter(drafter_cfg, target, method)
+def run(target, params, prompts, method, drafter_cfg=None, draft_params=None, head_topm=0,
+        **kw):
+    drafter = None if method == "ar" else ChainDrafter(drafter_cfg, target, method,
+                                                       head_topm=head_topm)
     return generate(target, params, prompts, DecodeConfig(method=method, **kw),
                     drafter=drafter, draft_params=draft_params)
 
@@ -57,6 +59,10 @@ def test_fixture_greedy_lossless(name):
         result = run(target, params, prompts, method, dcfg, dparams, max_new_tokens=24)
         assert result.tokens == ref, method
         assert result.accept_hist.sum() == result.rounds.sum()
+    if dcfg.has_domino_head:              # the candidate-pool head: other drafts, same output
+        result = run(target, params, prompts, "domino", dcfg, dparams, head_topm=2,
+                     max_new_tokens=24)
+        assert result.tokens == ref
 
 
 # -------------------------------------------------------------- permutation (forced) models
@@ -246,6 +252,8 @@ def test_argument_errors():
         ChainDrafter(dflash_cfg, target, "domino")
     with pytest.raises(ValueError, match="unknown drafter method"):
         ChainDrafter(dflash_cfg, target, "medusa")
+    with pytest.raises(ValueError, match="head_topm must be >= 0"):
+        ChainDrafter(dflash_cfg, target, "dflash", head_topm=-1)
     drafter = ChainDrafter(dflash_cfg, target, "dflash")
     with pytest.raises(ValueError, match="takes no drafter"):
         generate(target, params, [[1]], DecodeConfig(method="ar"), drafter=drafter)

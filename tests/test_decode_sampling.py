@@ -125,7 +125,9 @@ CASES = [  # (name, method, verify, draft_policy, sampling)
     ("dflash_match_top_p", "dflash", "match", "greedy", SamplingConfig(1.0, top_p=0.8)),
     ("domino_match_top_k", "domino", "match", "sample", SamplingConfig(0.9, top_k=3)),
     ("dflash_rejection_sampled_top_k", "dflash", "rejection", "sample", SamplingConfig(1.0, top_k=3)),
+    ("domino_rejection_sampled_pool", "domino", "rejection", "sample", SamplingConfig(1.0)),
 ]
+HEAD_TOPM = {"domino_rejection_sampled_pool": 3}   # Domino candidate pool (q is -inf outside)
 _RESULTS: dict = {}
 
 
@@ -135,7 +137,8 @@ def run_case(models, name):
         drafter, dparams = None, None
         if method != "ar":
             cfg, dparams = models[method]
-            drafter = ChainDrafter(cfg, models["target"], method)
+            drafter = ChainDrafter(cfg, models["target"], method,
+                                   head_topm=HEAD_TOPM.get(name, 0))
         config = DecodeConfig(method=method, max_new_tokens=3, sampling=sampling,
                               draft_policy=policy, verify=verify)
         _RESULTS[name] = generate(models["target"], models["params"], [PROMPT] * ROWS, config,

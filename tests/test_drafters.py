@@ -350,12 +350,17 @@ def test_teacher_forced_logits_match_torch(shift_label, prefix_len):
     np.testing.assert_array_equal(np.asarray(final)[:, :start], base[:, :start])
 
 
+@pytest.mark.parametrize("topm", [0, 3, 97])
 @pytest.mark.parametrize("prefix_len", [0, 1, 2])
-def test_argmax_rollout_matches_python_loop(prefix_len):
+def test_argmax_rollout_matches_python_loop(prefix_len, topm):
+    """``topm = 0``: full vocabulary (the reference). ``topm = M``: corrected positions choose
+    among the top-M base tokens of their own position (the candidate pool); logits outside
+    the pool are -inf. ``97 = V`` covers the whole vocabulary, so it equals the full path."""
     cfg = dataclasses.replace(SMALL, pure_draft_prefix_len=prefix_len)
     params, sd = _random_draft(SMALL, w2_scale=20.0)    # corrections flip argmaxes
     rng = np.random.default_rng(4)
     batch, k_draft, v = 3, cfg.k_draft, cfg.vocab_size
+    assert v == 97
     hidden = rng.standard_normal((batch, k_draft, cfg.hidden_size)).astype(np.float32)
     base = rng.standard_normal((batch, k_draft, v)).astype(np.float32)
     table = rng.standard_normal((v, cfg.hidden_size)).astype(np.float32)
@@ -369,9 +374,12 @@ def test_argmax_rollout_matches_python_loop(prefix_len):
             verify.append(int(np.argmax(base[b, i])))
         state = torch_gru(sd, _t(table[verify])[None])[0, -1]
         for i in range(prefix_len, k_draft):
-            logits = _t(base[b, i]) + torch_correction(sd, _t(hidden[b, i]), state)
-            ref_logits[b, i] = logits.numpy()
-            verify.append(int(torch.argmax(logits)))
+            logits = (_t(base[b, i]) + torch_correction(sd, _t(hidden[b, i]), state)).numpy()
+            if topm:
+                pool = np.argsort(-base[b, i], kind="stable")[:topm]
+                logits = np.where(np.isin(np.arange(v), pool), logits, -np.inf)
+            ref_logits[b, i] = logits
+            verify.append(int(np.argmax(logits)))
             if i + 1 < k_draft:
                 state = torch_gru(sd, _t(table[verify])[None])[0, -1]
         ref_tokens[b] = verify[1:]
@@ -379,12 +387,14 @@ def test_argmax_rollout_matches_python_loop(prefix_len):
     for use_table in (False, True):
         fn = jax.jit(lambda h, bl, r, t: domino_head.rollout(
             params["head"], cfg, h, bl, r, t, argmax_choose, jax.random.PRNGKey(0),
-            use_input_table=use_table))
+            use_input_table=use_table, candidate_topm=topm))
         tokens, logits = fn(jnp.asarray(hidden), jnp.asarray(base), jnp.asarray(table[root]),
                             jnp.asarray(table))
         assert tokens.dtype == jnp.int32 and logits.dtype == jnp.float32
         np.testing.assert_array_equal(np.asarray(tokens), ref_tokens)
-        assert rel_err(logits, ref_logits) < RTOL
+        finite = np.isfinite(ref_logits)
+        np.testing.assert_array_equal(np.isfinite(np.asarray(logits)), finite)
+        assert rel_err(np.asarray(logits)[finite], ref_logits[finite]) < RTOL
 
 
 def test_sampled_rollout_uses_keys():

@@ -38,6 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dominotree: candidate tokens per depth for the correction (0 = all)")
     p.add_argument("--node-topk", type=int, default=8,
                    help="dominotree: children scored per expanded node")
+    p.add_argument("--head-topm", type=int, default=0,
+                   help="domino: corrected drafts choose among the top-M base tokens of their "
+                        "position (SGLang-style candidate pool; much faster head); 0 = full "
+                        "vocabulary, the reference's drafts")
     p.add_argument("--tree-builder", default="frontier", choices=("frontier", "heap"),
                    help="tree methods: 'frontier' (one batched step per depth, default) or "
                         "'heap' (one pop per node); both build the same tree")
@@ -96,11 +100,12 @@ def _run(args) -> int:
         raise ValueError(f"method {method!r} needs a drafter: pass --draft DIR")
     dtype = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}.get(
         args.dtype, jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16)
-    tree_options = (dict(budget=args.budget, topm=args.topm, node_topk=args.node_topk,
-                         builder=args.tree_builder)
-                    if method in ("ddtree", "dominotree") else {})
+    drafter_options = ({} if method in ("ar", "dflash") else
+                       dict(head_topm=args.head_topm) if method == "domino" else
+                       dict(budget=args.budget, topm=args.topm, node_topk=args.node_topk,
+                            builder=args.tree_builder))
     target, target_params, drafter, draft_params = load_pair(
-        target_dir, draft_dir if method != "ar" else None, method, dtype, **tree_options)
+        target_dir, draft_dir if method != "ar" else None, method, dtype, **drafter_options)
     tokenizer = load_tokenizer(target_dir)
 
     texts = list(args.prompt or [])

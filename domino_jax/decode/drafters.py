@@ -38,6 +38,7 @@ class ChainDrafter:
     target: TargetLM
     method: str = "domino"            # "dflash" | "domino"
     use_input_table: bool = False     # Domino: precomputed [V, 3G] GRU input table
+    head_topm: int = 0                # Domino: candidate pool per position (0 = full vocab)
 
     def __post_init__(self):
         if self.method not in ("dflash", "domino"):
@@ -46,6 +47,9 @@ class ChainDrafter:
             raise ValueError("method 'domino' needs a Domino checkpoint (projector_type "
                              "'domino' with prefix_gru/embed_proj tensors); this drafter is "
                              "plain DFlash: use --method dflash")
+        if self.head_topm < 0:
+            raise ValueError(f"head_topm must be >= 0 (0 = full vocabulary), got "
+                             f"{self.head_topm}")
 
     @property
     def backbone(self) -> dflash.DFlashBackbone:
@@ -151,7 +155,8 @@ class ChainDrafter:
             root_embed = self._embed(target_params, root)
             drafts, logits = domino_head.rollout(
                 draft_params["head"], self.config, hidden, base, root_embed, embed_table,
-                choose_fn, key, use_input_table=self.use_input_table)
+                choose_fn, key, use_input_table=self.use_input_table,
+                candidate_topm=self.head_topm)
         if sample:
             log_q = jax.nn.log_softmax(logits / temp, axis=-1)
         else:

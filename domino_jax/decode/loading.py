@@ -33,10 +33,11 @@ def default_models(target: str | None, draft: str | None) -> tuple[str, str | No
 
 
 def load_pair(target_dir: str, draft_dir: str | None, method: str, dtype=jnp.bfloat16,
-              **tree_options):
+              **drafter_options):
     """``(target_module, target_params, drafter | None, draft_params | None)``.
 
-    ``tree_options`` (``budget``, ``node_topk``, ``topm``) configure the tree methods.
+    ``drafter_options`` are fields of the drafter: ``head_topm`` (Domino chain candidate pool),
+    ``budget``, ``node_topk``, ``topm``, ``builder`` (tree methods).
 
     The drafter is checked against the target (hidden size, vocab, layer ids, mask id)
     before any weights are read.
@@ -61,9 +62,9 @@ def load_pair(target_dir: str, draft_dir: str | None, method: str, dtype=jnp.bfl
         if method in ("ddtree", "dominotree"):
             from domino_jax.decode.tree_drafter import TreeDrafter
 
-            drafter = TreeDrafter(draft_config, target, method, **tree_options)
+            drafter = TreeDrafter(draft_config, target, method, **drafter_options)
         else:
-            drafter = ChainDrafter(draft_config, target, method)
+            drafter = ChainDrafter(draft_config, target, method, **drafter_options)
     return target, target_params, drafter, draft_params
 
 

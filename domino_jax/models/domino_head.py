@@ -161,8 +161,8 @@ def gru_input_table(head_params: HeadParams, embed_table: jax.Array) -> jax.Arra
 
 def rollout(head_params: HeadParams, config: DraftConfig, draft_hidden: jax.Array,
             base_logits: jax.Array, root_embed: jax.Array, embed_table: jax.Array,
-            choose_fn: ChooseFn, rng_key: jax.Array, use_input_table: bool = False
-            ) -> tuple[jax.Array, jax.Array]:
+            choose_fn: ChooseFn, rng_key: jax.Array, use_input_table: bool = False,
+            candidate_topm: int = 0) -> tuple[jax.Array, jax.Array]:
     """Inference rollout of one block (algorithms.md §3.3), in draft-index indexing.
 
     Args:
@@ -171,55 +171,73 @@ def rollout(head_params: HeadParams, config: DraftConfig, draft_hidden: jax.Arra
       base_logits: ``[B, K, V]`` target LM head on ``draft_hidden``.
       root_embed: ``[B, H]`` target embedding of the block's root token.
       embed_table: ``[V, H]`` the target's embedding table (to embed the chosen drafts).
-      choose_fn: ``(logits [B, V] float32, key) -> tokens [B] int32`` (argmax or sampling).
+      choose_fn: ``(logits [B, n] float32, key) -> index [B] int32`` (argmax or sampling; ``n``
+        is ``V``, or ``M`` with a candidate pool).
       rng_key: split into one key per position.
-      use_input_table: gather GRU input gates from a precomputed ``[V, 3G]`` table.
+      use_input_table: gather GRU input gates from a ``[V, 3G]`` table made here (full-vocab
+        path only; it costs a vocab-sized matmul per call).
+      candidate_topm: ``M > 0``: corrected positions choose among the top-``M`` tokens of
+        their own base logits only (the candidate pool of SGLang's Domino rollout and of
+        DominoTree's ``corr_topm``, algorithms.md §3.3 / §5.3). The correction is then
+        ``M`` dot products instead of a ``[E, V]`` product, and the candidates' GRU input
+        gates come from one batched matmul per block, so a step reads kilobytes instead of
+        ~100 MB. Drafts equal the full-vocab ones whenever the full-vocab choice lies in the
+        pool; either way verification keeps decoding lossless. ``0``: full vocabulary
+        (the reference's graph runner).
     Returns:
       ``tokens [B, K]`` int32 and the float32 ``logits [B, K, V]`` each token was chosen
       from: ``base`` for positions ``< P``; ``base + Δ(z_i, s_i)`` from ``P`` on, where
-      ``s_i`` = GRU over embeds of ``[root, d_0 .. d_{i-1}]`` from zeros.
+      ``s_i`` = GRU over embeds of ``[root, d_0 .. d_{i-1}]`` from zeros (with a pool:
+      ``-inf`` outside it). The ``K`` steps are unrolled (no loop round trip per step).
     """
     batch, num_drafts, hidden_size = draft_hidden.shape
+    vocab = base_logits.shape[-1]
     prefix_len = min(config.pure_draft_prefix_len, num_drafts)
     act_dtype = draft_hidden.dtype
     w1_z, w1_s = _split_w1(head_params, hidden_size)
     w2 = head_params["embed_proj_2"]["kernel"]
     z_proj = _matmul(draft_hidden, w1_z)                                   # [B, K, E] hoisted
+    base = base_logits.astype(jnp.float32)
     if use_input_table:
         table = gru_input_table(head_params, embed_table.astype(act_dtype))
         input_gates_of = lambda tokens: table[tokens]
     else:
         input_gates_of = lambda tokens: gru_input_gates(
             head_params, embed_table[tokens].astype(act_dtype))
+    m = min(candidate_topm, vocab)
+    if m > 0:                                          # per-position pools, made once
+        cand_logits, cand = jax.lax.top_k(base, m)                        # [B, K, M]
+        cand = cand.astype(jnp.int32)
+        w2_cand = jnp.moveaxis(w2[:, cand], 0, -1)                        # [B, K, M, E]
+        cand_gates = gru_input_gates(head_params, embed_table[cand].astype(act_dtype))
     g = head_params["prefix_gru"]["weight_hh"].shape[0]
     state = gru_step_from_gates(head_params,
                                 gru_input_gates(head_params, root_embed.astype(act_dtype)),
                                 jnp.zeros((batch, g), act_dtype))         # after [root]
     keys = jax.random.split(rng_key, num_drafts)
-    base_t = jnp.swapaxes(base_logits.astype(jnp.float32), 0, 1)          # [K, B, V]
-    z_proj_t = jnp.swapaxes(z_proj, 0, 1)                                  # [K, B, E]
-
-    def make_step(corrected: bool):
-        def step(state, xs):
-            base_i, z_proj_i, key_i = xs
-            logits_i = base_i
-            if corrected:
-                pre = z_proj_i + _matmul(state.astype(act_dtype), w1_s)
-                logits_i = base_i + _matmul(jax.nn.silu(pre).astype(act_dtype), w2)
-            tokens_i = choose_fn(logits_i, key_i).astype(jnp.int32)
-            state = gru_step_from_gates(head_params, input_gates_of(tokens_i), state)
-            return state, (tokens_i, logits_i)
-        return step
-
-    outputs = []
-    for start, stop, corrected in ((0, prefix_len, False), (prefix_len, num_drafts, True)):
-        if stop > start:
-            xs = (base_t[start:stop], z_proj_t[start:stop], keys[start:stop])
-            state, out = jax.lax.scan(make_step(corrected), state, xs)
-            outputs.append(out)
-    tokens = jnp.concatenate([o[0] for o in outputs], axis=0)
-    logits = jnp.concatenate([o[1] for o in outputs], axis=0)
-    return jnp.swapaxes(tokens, 0, 1), jnp.swapaxes(logits, 0, 1)
+    tokens, logits = [], []
+    for i in range(num_drafts):
+        corrected = i >= prefix_len
+        if corrected:
+            u = jax.nn.silu(z_proj[:, i] + _matmul(state.astype(act_dtype), w1_s))
+            u = u.astype(act_dtype)
+        if corrected and m > 0:
+            pool_logits = cand_logits[:, i] + jnp.einsum(
+                "bme,be->bm", w2_cand[:, i], u, preferred_element_type=jnp.float32)
+            j = choose_fn(pool_logits, keys[i]).astype(jnp.int32)[:, None]
+            token = jnp.take_along_axis(cand[:, i], j, axis=1)[:, 0]
+            gates = jnp.take_along_axis(cand_gates[:, i], j[:, :, None], axis=1)[:, 0]
+            logits_i = jnp.full((batch, vocab), -jnp.inf, jnp.float32).at[
+                jnp.arange(batch)[:, None], cand[:, i]].set(pool_logits)
+        else:
+            logits_i = base[:, i] + _matmul(u, w2) if corrected else base[:, i]
+            token = choose_fn(logits_i, keys[i]).astype(jnp.int32)
+            gates = input_gates_of(token)
+        if i + 1 < num_drafts:
+            state = gru_step_from_gates(head_params, gates, state)
+        tokens.append(token)
+        logits.append(logits_i)
+    return jnp.stack(tokens, axis=1), jnp.stack(logits, axis=1)
 
 
 def head_param_count(config: DraftConfig) -> int:
