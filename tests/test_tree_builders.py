@@ -368,3 +368,29 @@ def test_jit_vmap_batch():
         for field in ("tokens", "depths", "parents", "valid"):
             assert np.array_equal(getattr(trees, field)[b], getattr(one, field))
         np.testing.assert_allclose(trees.scores[b], one.scores, atol=1e-6)
+
+
+@pytest.mark.parametrize("builder", BUILDERS)
+def test_large_vocab_uses_two_stage_top_k_and_matches_host(builder):
+    """V = 9000 with top-M 32 and a DDTree budget of 24: the builders' candidate top-k take
+    the two-stage path of domino_jax/topk.py; trees still equal the host references."""
+    vocab, budget, k_depth = 9000, 24, 4
+    def make_dd(rng):
+        logits = (rng.standard_normal((k_depth, vocab)) * 3.0).astype(np.float32)
+        nodes, gap = host_ddtree(logits, budget)
+        return logits, nodes, gap
+    logits, nodes, _ = _tie_free(make_dd, 99)
+    assert_tree_equals(_JITTED[builder][0](jnp.asarray(logits), budget), nodes, budget)
+
+    def make_dom(rng):
+        head = _random_head(rng, vocab)
+        hid = rng.standard_normal((k_depth, H)).astype(np.float32)
+        base = (rng.standard_normal((k_depth, vocab)) * 3.0).astype(np.float32)
+        embed = rng.standard_normal((vocab, H)).astype(np.float32)
+        root = rng.uniform(-1, 1, G).astype(np.float32)
+        nodes, gap = host_dominotree(head, 1, hid, base, root, embed, budget, 4, 32, False)
+        return head, hid, base, embed, root, nodes, gap
+    head, hid, base, embed, root, nodes, _ = _tie_free(make_dom, 98)
+    tree = _JITTED[builder][1](head, _draft_config(vocab, 1), jnp.asarray(hid), jnp.asarray(base),
+                               jnp.asarray(root), jnp.asarray(embed), budget, 4, 32, False)
+    assert_tree_equals(tree, nodes, budget)

@@ -43,6 +43,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from domino_jax.topk import top_k
 from domino_jax.config import DraftConfig
 from domino_jax.models.domino_head import (_matmul, _split_w1, gru_input_gates,
                                            gru_step_from_gates)
@@ -139,8 +140,7 @@ def build_ddtree(draft_logits: jax.Array, budget: int) -> DraftTree:
     k_depth, vocab = draft_logits.shape
     topk = min(budget, vocab)
     logp = jax.nn.log_softmax(draft_logits.astype(jnp.float32), axis=-1)
-    lp, tok = jax.lax.top_k(logp, topk)                                   # [K, topk]
-    tok = tok.astype(jnp.int32)
+    lp, tok = top_k(logp, topk)                                           # [K, topk] int32
     size = 2 * budget + 1
     pool = dict(score=jnp.full((size,), -jnp.inf, jnp.float32).at[0].set(lp[0, 0]),
                 parent=jnp.full((size,), -1, jnp.int32),
@@ -237,7 +237,7 @@ def dominotree_scorer(head_params: dict[str, Any], draft_config: DraftConfig,
         w2 = head_params["embed_proj_2"]["kernel"]                     # [E, V]
         z_proj = _matmul(draft_hidden, w1_z)                           # [K, E] f32
         if m > 0:
-            _, cand = jax.lax.top_k(base, m)                           # [K, M] path independent
+            _, cand = top_k(base, m)                                   # [K, M] path independent
             cand = cand.astype(jnp.int32)
             bc = jnp.take_along_axis(base, cand, axis=-1)              # [K, M]
             w2c = jnp.moveaxis(w2[:, cand], 0, -1).astype(jnp.float32)  # [K, M, E]

@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from domino_jax.config import DraftConfig
+from domino_jax.topk import top_k
 from domino_jax.decode.tree import DraftTree, dominotree_child_state, dominotree_scorer
 
 ChildrenFn = Callable[[Any, int], tuple[jax.Array, jax.Array]]   # (states [W,..], d) -> [W, c] x2
@@ -102,7 +103,7 @@ def frontier_ddtree(draft_logits: jax.Array, budget: int) -> DraftTree:
     at depth ``d`` = the top ``min(budget, V)`` tokens of ``log_softmax(float32(logits[d]))``."""
     k_depth, vocab = draft_logits.shape
     logp = jax.nn.log_softmax(draft_logits.astype(jnp.float32), axis=-1)
-    lp, tok = jax.lax.top_k(logp, min(budget, vocab))                     # [K, topk]
+    lp, tok = top_k(logp, min(budget, vocab))                             # [K, topk]
 
     def children(states, d):
         shape = (states.shape[0], lp.shape[-1])

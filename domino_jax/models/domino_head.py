@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from domino_jax.config import DraftConfig
+from domino_jax.topk import top_k
 
 HeadParams = dict[str, Any]
 ChooseFn = Callable[[jax.Array, jax.Array], jax.Array]   # (logits [B, V] f32, key) -> [B]
@@ -206,8 +207,7 @@ def rollout(head_params: HeadParams, config: DraftConfig, draft_hidden: jax.Arra
             head_params, embed_table[tokens].astype(act_dtype))
     m = min(candidate_topm, vocab)
     if m > 0:                                          # per-position pools, made once
-        cand_logits, cand = jax.lax.top_k(base, m)                        # [B, K, M]
-        cand = cand.astype(jnp.int32)
+        cand_logits, cand = top_k(base, m)                                # [B, K, M] int32
         w2_cand = jnp.moveaxis(w2[:, cand], 0, -1)                        # [B, K, M, E]
         cand_gates = gru_input_gates(head_params, embed_table[cand].astype(act_dtype))
     g = head_params["prefix_gru"]["weight_hh"].shape[0]
