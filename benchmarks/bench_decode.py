@@ -26,7 +26,6 @@ Results (JSON, Markdown, PNG) are rewritten after every finished task, so a run 
 from __future__ import annotations
 
 import argparse
-import collections
 import dataclasses
 import datetime as _dt
 import functools
@@ -37,13 +36,14 @@ import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import traceback
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from child_process import run_streaming  # noqa: E402
 
 T_START = time.perf_counter()
 HBM_BYTES_PER_S = 4.3e12          # H200 device-to-device copy (performance.md)
@@ -240,21 +240,6 @@ def compile_timed(jitted, *args):
     t0 = time.perf_counter()
     compiled = jitted.lower(*args).compile()
     return compiled, time.perf_counter() - t0
-
-
-def kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL, the child's whole process group (started with
-    ``start_new_session=True``: torch.compile worker processes go with it)."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        try:
-            proc.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def random_prompt(length: int, vocab: int, seed: int) -> list[int]:
@@ -711,30 +696,11 @@ class Bench:
         env = dict(os.environ, BENCH_HF_PAYLOAD=payload, PYTHONUNBUFFERED="1",
                    JAX_PLATFORMS="cpu")
         log(f"  HF worker (timeout {timeout:.0f}s): {' '.join(cmd[1:3])} ...")
-        tail: collections.deque = collections.deque(maxlen=40)
         error = None
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, text=True, errors="replace",
-                                start_new_session=True)
-
-        def pump():
-            for line in proc.stdout:
-                line = line.rstrip("\n")
-                tail.append(line)
-                print(f"    | {line}", flush=True)
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
+        rc, tail, wall = run_streaming(cmd, timeout, env=env, tail_lines=40)
+        if rc == "timeout":
             error = (f"HF worker still running after its {timeout:.0f}s timeout; killed "
                      "(raise --hf-timeout-s / --time-budget-s)")
-        finally:
-            if proc.poll() is None:          # timeout, or we are being stopped ourselves
-                kill_group(proc)
-            reader.join(5)
         result = {}
         if os.path.exists(out_file):          # the worker saves after every mode
             try:
@@ -753,7 +719,7 @@ class Bench:
             result["output_tail"] = "\n".join(tail)[-4000:]
             log(f"  HF worker failed: {result['error']}")
         result["returncode"] = rc
-        result["wall_s"] = time.perf_counter() - t0
+        result["wall_s"] = wall
         self.results["hf"][str(plen)] = result
 
     # ---- summary

@@ -30,12 +30,12 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
-import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from child_process import run_streaming  # noqa: E402
 REPO = os.path.dirname(HERE)
 BENCH = os.path.join(HERE, "bench_decode.py")
 T_START = time.perf_counter()
@@ -101,20 +101,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def kill_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
-    """SIGTERM (bench_decode saves partial results on it), then SIGKILL, the child's group."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        try:
-            proc.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def run_variant(args, name: str, flags: str, run_dir: str, timeout: float) -> dict:
     os.makedirs(run_dir, exist_ok=True)
     cmd = [sys.executable, BENCH, "--methods", args.methods, "--prompt-lens", args.prompt_lens,
@@ -127,33 +113,10 @@ def run_variant(args, name: str, flags: str, run_dir: str, timeout: float) -> di
     entry: dict = {"name": name, "xla_flags": flags, "cmd": cmd[1:], "run_dir": run_dir,
                    "timeout_s": timeout}
     log(f"variant {name}: XLA_FLAGS+={flags!r} (timeout {timeout:.0f}s)")
-    tail: collections.deque = collections.deque(maxlen=60)
-    log_path = os.path.join(run_dir, "run.log")
-    t0 = time.perf_counter()
-    with open(log_path, "w") as log_file:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, text=True, errors="replace",
-                                env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                                start_new_session=True, cwd=REPO)
-
-        def pump():
-            for line in proc.stdout:
-                log_file.write(line)
-                log_file.flush()
-                tail.append(line.rstrip("\n"))
-                print(f"    {name} | {line.rstrip()}", flush=True)
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-        finally:
-            if proc.poll() is None:
-                kill_group(proc)
-            reader.join(5)
+    rc, tail, wall = run_streaming(cmd, timeout, prefix=f"    {name} | ", cwd=REPO,
+                                   log_path=os.path.join(run_dir, "run.log"), grace_s=15.0)
     entry["returncode"] = rc
-    entry["wall_s"] = time.perf_counter() - t0
+    entry["wall_s"] = wall
     parse_result(entry, run_dir, args)
     wants_ar = "ar" in [m.strip() for m in args.methods.split(",")]
     ok = (entry.get("ar_ms_per_token") is not None if wants_ar
