@@ -55,19 +55,23 @@ def measure(target, tparams, drafter, dparams, config, ids) -> dict:
     """Warm-up, then one prompt at a time: tokens/s, tau, verify width and the outputs."""
     from domino_jax.decode.speculative import generate
 
-    generate(target, tparams, [ids[0]], config, drafter, dparams, seed=0)      # warm-up
+    t0 = time.perf_counter()
+    warm = generate(target, tparams, [ids[0]], config, drafter, dparams, seed=0)  # warm-up
+    compile_s = warm.compile_seconds
     tokens, seconds, rounds, committed, outputs = 0, 0.0, 0, 0, []
     for i, prompt in enumerate(ids):
         r = generate(target, tparams, [prompt], config, drafter, dparams, seed=i)
         tokens += r.new_tokens - 1              # the first token comes from prefill
         seconds += r.decode_seconds
+        compile_s += r.compile_seconds          # 0 unless a prompt needed a new program
         hist = r.accept_hist.sum(0)
         rounds += int(hist.sum())
         committed += int((hist * range(len(hist))).sum())
         outputs.append(r.tokens[0])
     return dict(tokens=tokens, seconds=seconds, tau=committed / max(rounds, 1),
                 tokens_per_second=tokens / max(seconds, 1e-9), verify_width=r.verify_width,
-                outputs=outputs)
+                outputs=outputs, compile_seconds=compile_s,
+                task_seconds=time.perf_counter() - t0)
 
 
 def markdown(meta: dict, rows: list[dict]) -> str:
@@ -191,7 +195,8 @@ def main() -> None:
                               if a != b), default=None) if compare else None
             rows.append(dict(temperature=temp, method=method, budget=budget,
                              verify_width=m["verify_width"], tau=m["tau"], tokens=m["tokens"],
-                             decode_seconds=m["seconds"],
+                             decode_seconds=m["seconds"], compile_seconds=m["compile_seconds"],
+                             task_seconds=m["task_seconds"],
                              tokens_per_second=m["tokens_per_second"],
                              ms_per_token=1e3 / max(m["tokens_per_second"], 1e-9),
                              speedup=speedup, round_cost_c=m["tau"] / speedup if speedup else None,
@@ -200,7 +205,8 @@ def main() -> None:
                              first_difference=first_diff))
             print(f"T={temp:g} {name}: tau {m['tau']:.2f}, {m['tokens_per_second']:.1f} tok/s"
                   + (f", {speedup:.2f}x AR" if speedup else "")
-                  + f" ({time.perf_counter() - t_start:.0f} s elapsed)", flush=True)
+                  + f" (compile {m['compile_seconds']:.0f} s of {m['task_seconds']:.0f} s; "
+                  f"{time.perf_counter() - t_start:.0f} s elapsed)", flush=True)
             write()                                 # partial results survive a kill
     print(write(), flush=True)
 
