@@ -50,6 +50,7 @@ def main() -> None:
                                   emb_dim=16)
     dtype = jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
     k, h, v = cfg.block_size, cfg.hidden_size, cfg.vocab_size
+    k_rows = k                                   # draft depths (rows of the top-k inputs)
     keys = jax.random.split(jax.random.PRNGKey(0), 5)
     head = jax.jit(lambda r: init_head_params(cfg, r, dtype))(keys[0])
     hidden = jax.random.normal(keys[1], (k, h), dtype)
@@ -78,6 +79,18 @@ def main() -> None:
             row[f"dominotree_{name}_ms"] = timed(domino, head, hidden, base, root_state, embed)
             row[f"ddtree_{name}_ms"] = timed(ddtree, base[1:].astype(jnp.float32))
         rows.append(row)
+    # the vocabulary-wide top-k that every build starts with ([K, V] float32): XLA's
+    # lax.top_k against the two-stage top-k of domino_jax/topk.py (NOTES.md entry 4)
+    from domino_jax import topk as topk_lib
+    logits32 = base.astype(jnp.float32)
+    topk_rows = []
+    for top in (8, 16, 32, 64):
+        lax_ms = timed(jax.jit(lambda x, t=top: jax.lax.top_k(x, t)), logits32)
+        two_ms = (timed(jax.jit(lambda x, t=top: topk_lib.two_stage_top_k(x, t)), logits32)
+                  if top <= v // topk_lib.CHUNK else None)
+        topk_rows.append(dict(k=top, lax_top_k_ms=lax_ms, two_stage_ms=two_ms))
+        print(f"top-{top} over [{k_rows}, {v}]: lax {lax_ms:.3f} ms, two-stage "
+              + (f"{two_ms:.3f} ms" if two_ms is not None else "n/a"), flush=True)
         print(" ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
                        for k, v in row.items()), flush=True)
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M%S")
@@ -86,7 +99,7 @@ def main() -> None:
                 G=cfg.gru_hidden_dim, E=cfg.emb_dim, node_topk=8, topm=64, tiny=args.tiny)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"tree_build_{stamp}.json"), "w") as f:
-        json.dump(dict(meta=meta, rows=rows), f, indent=2)
+        json.dump(dict(meta=meta, rows=rows, topk=topk_rows), f, indent=2)
     lines = [f"# Tree build per round ({meta['device']}, {meta['dtype']}, commit "
              f"{args.git_commit}; K={k}, V={v}, H={h}, G={meta['G']}, E={meta['E']}, "
              "node_topk 8, topm 64)", "",
@@ -95,6 +108,11 @@ def main() -> None:
     lines += [f"| {r['budget']} | {r['dominotree_frontier_ms']:.3f} | "
               f"{r['dominotree_heap_ms']:.3f} | {r['ddtree_frontier_ms']:.3f} | "
               f"{r['ddtree_heap_ms']:.3f} |" for r in rows]
+    lines += ["", f"Vocabulary-wide top-k over [{k}, {v}] float32 (every build's setup):", "",
+              "| k | lax.top_k ms | two-stage ms |", "|---|---|---|"]
+    lines += [f"| {r['k']} | {r['lax_top_k_ms']:.3f} | "
+              + (f"{r['two_stage_ms']:.3f}" if r["two_stage_ms"] is not None else "-") + " |"
+              for r in topk_rows]
     with open(os.path.join(args.out, f"tree_build_{stamp}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
