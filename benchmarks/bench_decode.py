@@ -763,7 +763,7 @@ class Bench:
         lines = [f"# Decode benchmark {r['date']}", "",
                  f"- device: {r['device']['kind']} ({r['device']['platform']}); commit "
                  f"`{r['git_commit']}`; shape {r['shape']}, batch 1, {r['new_tokens']} new tokens",
-                 f"- versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()),
+                 "- versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()),
                  f"- XLA_FLAGS: `{r['xla_flags'] or '(none)'}`; floors at "
                  f"{HBM_BYTES_PER_S / 1e12:.1f} TB/s; % = floor / measured",
                  f"- random weight init: {r.get('init_seconds', float('nan')):.1f} s", ""]
@@ -890,19 +890,15 @@ class Bench:
             self.results["prompts"].setdefault(str(plen), {"loops": {}, "stages": {},
                                                            "forced": {}})
 
-        def loops(plen):
-            pr = self.results["prompts"][str(plen)]
+        def per_method(kind, plen, measure, estimate):
+            """``measure(method, plen)`` for every loop method into results[...][kind]."""
+            section = self.results["prompts"][str(plen)][kind]
             for m in loop_methods:
-                self.run_task(f"loop {m} L={plen}", f"loop_{m}",
-                              lambda m=m: pr["loops"].__setitem__(m, self.measure_loop(m, plen)),
-                              40)
+                self.run_task(f"{kind} {m} L={plen}", f"{kind}_{m}",
+                              lambda m=m: section.__setitem__(m, measure(m, plen)), estimate)
 
-        def stages(plen):
-            pr = self.results["prompts"][str(plen)]
-            for m in loop_methods:
-                self.run_task(f"stages {m} L={plen}", f"stages_{m}",
-                              lambda m=m: pr["stages"].__setitem__(m, self.measure_stages(m, plen)),
-                              30)
+        loops = lambda plen: per_method("loops", plen, self.measure_loop, 40)  # noqa: E731
+        stages = lambda plen: per_method("stages", plen, self.measure_stages, 30)  # noqa: E731
 
         first = a.prompt_lens[0]
         loops(first)

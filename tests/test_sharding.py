@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 
 from domino_jax.config import TargetConfig
 from domino_jax.sharding import (LOGICAL_AXIS_RULES, logical_to_mesh, make_mesh,
-                                 target_param_axes, target_param_shardings)
+                                 target_param_axes)
 
 # 8 heads / 4 kv heads / intermediate 128 split 4 ways; vocab 130 is *not* divisible by 4.
 CONFIG = TargetConfig("qwen3", vocab_size=130, hidden_size=64, num_layers=2, num_heads=8,

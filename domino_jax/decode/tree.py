@@ -238,7 +238,6 @@ def dominotree_scorer(head_params: dict[str, Any], draft_config: DraftConfig,
         z_proj = _matmul(draft_hidden, w1_z)                           # [K, E] f32
         if m > 0:
             _, cand = top_k(base, m)                                   # [K, M] path independent
-            cand = cand.astype(jnp.int32)
             bc = jnp.take_along_axis(base, cand, axis=-1)              # [K, M]
             w2c = jnp.moveaxis(w2[:, cand], 0, -1).astype(jnp.float32)  # [K, M, E]
 

@@ -215,7 +215,7 @@ def rollout(head_params: HeadParams, config: DraftConfig, draft_hidden: jax.Arra
                                 gru_input_gates(head_params, root_embed.astype(act_dtype)),
                                 jnp.zeros((batch, g), act_dtype))         # after [root]
     keys = jax.random.split(rng_key, num_drafts)
-    tokens, logits = [], []
+    tokens, logits, pooled = [], [], []
     for i in range(num_drafts):
         corrected = i >= prefix_len
         if corrected:
@@ -227,17 +227,24 @@ def rollout(head_params: HeadParams, config: DraftConfig, draft_hidden: jax.Arra
             j = choose_fn(pool_logits, keys[i]).astype(jnp.int32)[:, None]
             token = jnp.take_along_axis(cand[:, i], j, axis=1)[:, 0]
             gates = jnp.take_along_axis(cand_gates[:, i], j[:, :, None], axis=1)[:, 0]
-            logits_i = jnp.full((batch, vocab), -jnp.inf, jnp.float32).at[
-                jnp.arange(batch)[:, None], cand[:, i]].set(pool_logits)
+            pooled.append(pool_logits)
         else:
             logits_i = base[:, i] + _matmul(u, w2) if corrected else base[:, i]
             token = choose_fn(logits_i, keys[i]).astype(jnp.int32)
             gates = input_gates_of(token)
+            logits.append(logits_i)
         if i + 1 < num_drafts:
             state = gru_step_from_gates(head_params, gates, state)
         tokens.append(token)
-        logits.append(logits_i)
-    return jnp.stack(tokens, axis=1), jnp.stack(logits, axis=1)
+    logits = (jnp.stack(logits, axis=1) if logits                          # [B, K or P, V]
+              else jnp.zeros((batch, 0, vocab), jnp.float32))
+    if pooled:             # one scatter after the loop: -inf outside each position's pool
+        rows = jnp.arange(batch)[:, None, None]
+        slots = jnp.arange(len(pooled))[None, :, None]
+        full = jnp.full((batch, len(pooled), vocab), -jnp.inf, jnp.float32).at[
+            rows, slots, cand[:, prefix_len:]].set(jnp.stack(pooled, axis=1))
+        logits = jnp.concatenate([logits, full], axis=1)
+    return jnp.stack(tokens, axis=1), logits
 
 
 def head_param_count(config: DraftConfig) -> int:
