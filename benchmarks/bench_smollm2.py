@@ -117,11 +117,10 @@ def main() -> None:
     import jax
     import jax.numpy as jnp
 
-    from domino_jax.decode.drafters import ChainDrafter
-    from domino_jax.decode.loading import default_models, load_pair, load_tokenizer
+    from domino_jax.decode.loading import (default_models, load_pair, load_tokenizer,
+                                           make_drafter)
     from domino_jax.decode.sampling import SamplingConfig
     from domino_jax.decode.speculative import DecodeConfig, prompt_bucket
-    from domino_jax.decode.tree_drafter import TreeDrafter
     from domino_jax.train.data import build_prompts, chat_ids, is_eval_prompt, stop_ids_of
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -137,11 +136,8 @@ def main() -> None:
     target, tparams, base, dparams = load_pair(target_dir, draft_dir, "dflash", dtype)
 
     def drafter_for(method: str, budget: int | None):
-        if method == "ar":
-            return None
-        if method in TREE_METHODS:
-            return TreeDrafter(base.config, target, method, budget=budget)
-        return ChainDrafter(base.config, target, method)
+        options = {} if budget is None else dict(budget=budget)
+        return None if method == "ar" else make_drafter(base.config, target, method, **options)
 
     tokenizer = load_tokenizer(target_dir)
     # held-out prompts whose chat length falls in one padding bucket: one compiled program

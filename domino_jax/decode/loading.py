@@ -44,7 +44,6 @@ def load_pair(target_dir: str, draft_dir: str | None, method: str, dtype=jnp.bfl
     """
     from converters.hf_draft import load_draft
     from converters.hf_target import load_target
-    from domino_jax.decode.drafters import ChainDrafter
     from domino_jax.models.qwen3 import TargetLM
 
     target_config = TargetConfig.from_path(target_dir)
@@ -59,13 +58,18 @@ def load_pair(target_dir: str, draft_dir: str | None, method: str, dtype=jnp.bfl
     target = TargetLM(target_config, dtype=dtype, param_dtype=dtype)
     if draft_dir is not None:
         draft_config, draft_params = load_draft(draft_dir, dtype)
-        if method in ("ddtree", "dominotree"):
-            from domino_jax.decode.tree_drafter import TreeDrafter
-
-            drafter = TreeDrafter(draft_config, target, method, **drafter_options)
-        else:
-            drafter = ChainDrafter(draft_config, target, method, **drafter_options)
+        drafter = make_drafter(draft_config, target, method, **drafter_options)
     return target, target_params, drafter, draft_params
+
+
+def make_drafter(draft_config: DraftConfig, target, method: str, **drafter_options):
+    """The drafter for ``method`` on a loaded checkpoint: ``TreeDrafter`` for ``ddtree`` /
+    ``dominotree``, else ``ChainDrafter`` (``drafter_options`` as in :func:`load_pair`)."""
+    from domino_jax.decode.drafters import ChainDrafter
+    from domino_jax.decode.tree_drafter import TreeDrafter
+
+    cls = TreeDrafter if method in ("ddtree", "dominotree") else ChainDrafter
+    return cls(draft_config, target, method, **drafter_options)
 
 
 def load_tokenizer(target_dir: str):
