@@ -81,6 +81,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--methods", default="ar,domino,domino_pool64,dflash",
                    help="ar, dflash, domino (full-vocab head, the reference), domino_poolM "
                         "(head with a top-M candidate pool, --head-topm M)")
+    p.add_argument("--layout", choices=("fused", "unfused"), default="fused",
+                   help="parameter layout of target and drafter: fused q/k/v and gate/up (the "
+                        "decode default, models/fused_layout.py) or the checkpoint's")
     p.add_argument("--git-commit", default=None, help="recorded when .git is absent")
     p.add_argument("--hf-worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -344,6 +347,10 @@ class Bench:
         a = self.args
         self.tcfg = TINY_TARGET if a.tiny else QWEN3_8B
         self.domino_cfg = TINY_DOMINO if a.tiny else QWEN3_8B_DOMINO_DRAFT
+        if a.layout == "fused":                    # what load_pair gives the decode CLI
+            self.tcfg = dataclasses.replace(self.tcfg, fused_projections=True)
+            self.domino_cfg = dataclasses.replace(self.domino_cfg, fused_projections=True)
+        self.results["layout"] = a.layout
         self.dflash_cfg = dflash_config_of(self.domino_cfg)
         self.target = TargetLM(self.tcfg)
         t0 = time.perf_counter()
@@ -764,7 +771,8 @@ class Bench:
                  f"- device: {r['device']['kind']} ({r['device']['platform']}); commit "
                  f"`{r['git_commit']}`; shape {r['shape']}, batch 1, {r['new_tokens']} new tokens",
                  "- versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()),
-                 f"- XLA_FLAGS: `{r['xla_flags'] or '(none)'}`; floors at "
+                 f"- parameter layout: {r.get('layout', 'unfused')}; XLA_FLAGS: "
+                 f"`{r['xla_flags'] or '(none)'}`; floors at "
                  f"{HBM_BYTES_PER_S / 1e12:.1f} TB/s; % = floor / measured",
                  f"- random weight init: {r.get('init_seconds', float('nan')):.1f} s", ""]
         for plen_s, pr in r["prompts"].items():

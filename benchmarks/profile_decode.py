@@ -38,6 +38,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--top", type=int, default=25, help="kernels listed per method")
+    p.add_argument("--layout", choices=("fused", "unfused"), default="fused")
     p.add_argument("--git-commit", default=None)
     p.add_argument("--out", default=os.environ.get("OUT") or os.path.join(HERE, "results"))
     return p.parse_args(argv)
@@ -98,7 +99,8 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     sys.path.insert(0, HERE)
     bench_args = ["--methods", args.methods, "--prompt-lens", str(args.prompt_len),
-                  "--new-tokens", str(args.new_tokens), "--skip-hf", "--out", args.out]
+                  "--new-tokens", str(args.new_tokens), "--skip-hf", "--out", args.out,
+                  "--layout", args.layout]
     if args.tiny:
         bench_args.append("--tiny")
     if args.git_commit:
@@ -114,7 +116,7 @@ def main(argv=None) -> None:
     vocab = bench.tcfg.vocab_size
     report = {"date": stamp, "git_commit": bench.results["git_commit"],
               "device": bench.results["device"], "versions": bench.results["versions"],
-              "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "methods": {}}
+              "prompt_len": args.prompt_len, "layout": args.layout, "new_tokens": args.new_tokens, "methods": {}}
     lines = [f"# Decode profile {stamp} ({report['device']['kind']}, commit "
              f"{report['git_commit']}, prompt {args.prompt_len}, {args.new_tokens} new tokens)"]
     for method in bargs.methods:

@@ -93,6 +93,9 @@ class TargetConfig:
     max_position_embeddings: int = 40960
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # parameter layout, not architecture: q/k/v and gate/up kernels concatenated (set only
+    # by models.fused_layout.fuse_projections; checkpoints on disk are never fused)
+    fused_projections: bool = False
 
     @property
     def q_width(self) -> int:
@@ -241,6 +244,7 @@ class DraftConfig:
     shift_label: bool = False           # released Domino: True; DFlash: False
     emb_dim: int = 0                    # E (Domino only)
     gru_hidden_dim: int = 0             # G (Domino only)
+    fused_projections: bool = False     # parameter layout (see TargetConfig)
 
     @property
     def has_domino_head(self) -> bool:

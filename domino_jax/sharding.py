@@ -25,7 +25,11 @@ param                           shape                   logical axes
 ``*/{gate,up}_proj/kernel``     ``[H, I]``              ``("embed", "mlp")``
 ``*/down_proj/kernel``          ``[I, H]``              ``("mlp", "embed")``
 norms (``*/weight``)            ``[H]`` or ``[D]``      replicated
+``*/qkv_proj/kernel``           ``[H, (nH+2nKV)*D]``    ``("embed", None)``
+``*/gate_up_proj/kernel``       ``[H, 2I]``             ``("embed", None)``
 ==============================  ======================  ============================
+
+The last two are the fused decode layout (``models/fused_layout.py``), meant for one device.
 """
 
 from __future__ import annotations
@@ -66,6 +70,12 @@ TARGET_PARAM_AXES: list[tuple[str, tuple[str | None, ...]]] = [
     (r"self_attn/(k|v)_proj/bias$", ("kv_heads",)),
     (r"mlp/(gate|up)_proj/kernel$", ("embed", "mlp")),
     (r"mlp/down_proj/kernel$", ("mlp", "embed")),
+    # the fused decode layout (models/fused_layout.py) is a single-device layout: cutting
+    # [q | k | v] or [gate | up] across devices would not cut at head / gate boundaries, so
+    # its output axis stays whole (tensor parallelism uses the unfused layout)
+    (r"self_attn/qkv_proj/kernel$", ("embed", None)),
+    (r"self_attn/qkv_proj/bias$", (None,)),
+    (r"mlp/gate_up_proj/kernel$", ("embed", None)),
     (r"(norm|layernorm)/weight$", ("norm",)),
 ]
 

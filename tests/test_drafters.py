@@ -29,6 +29,7 @@ from domino_jax.config import (QWEN3_8B, QWEN3_8B_DOMINO_DRAFT, ConfigError, Dra
                                check_draft_fits_target)
 from domino_jax.models import dflash, domino_head
 from domino_jax.models.qwen3 import TargetLM
+from domino_jax.models.fused_layout import fuse_model
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -50,11 +51,19 @@ def argmax_choose(logits, key):
 # --------------------------------------------------------------------------- golden fixtures
 
 
-@pytest.fixture(scope="module", params=FIXTURE_NAMES)
+@pytest.fixture(scope="module", params=[(name, fused) for name in FIXTURE_NAMES
+                                        for fused in (False, True)],
+                ids=lambda p: p[0] + ("-fused" if p[1] else ""))
 def golden(request):
-    folder = os.path.join(FIXTURES, request.param)
+    """The reference's outputs against our models, in the checkpoint layout and in the fused
+    decode layout (models/fused_layout.py)."""
+    name, fused = request.param
+    folder = os.path.join(FIXTURES, name)
     target_cfg, target_params = load_target(os.path.join(folder, "target"), dtype=jnp.float32)
     draft_cfg, draft_params = load_draft(os.path.join(folder, "draft"), dtype=jnp.float32)
+    if fused:
+        target_cfg, target_params = fuse_model(target_cfg, target_params)
+        draft_cfg, draft_params = fuse_model(draft_cfg, draft_params)
     check_draft_fits_target(draft_cfg, target_cfg)
     outputs = dict(np.load(os.path.join(folder, "outputs.npz")))
     target = TargetLM(target_cfg, dtype=jnp.float32, param_dtype=jnp.float32)
@@ -75,7 +84,7 @@ def golden(request):
         (prompt_len + jnp.arange(block_len))[None], cache)
     base = jax.jit(lambda p, h: target.apply({"params": p}, h, method=TargetLM.logits))(
         target_params, draft_hidden)
-    return dict(name=request.param, outputs=outputs, target=target, target_params=target_params,
+    return dict(name=name, outputs=outputs, target=target, target_params=target_params,
                 draft_cfg=draft_cfg, draft_params=draft_params, features=features,
                 block_embeds=block_embeds, draft_hidden=draft_hidden, base=base,
                 new_cache=new_cache, prompt_len=prompt_len)

@@ -63,6 +63,30 @@ def test_logits_and_every_tap_match_transformers(variant, tied, hf_checkpoints, 
     print(f"\n{variant} tied={tied}: max relative error {max(errors):.2e}")
 
 
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_fused_layout_matches_transformers(variant, hf_checkpoints, float32_target):
+    """The decode layout (q/k/v and gate/up concatenated, incl. Qwen2's q/k/v biases) gives
+    transformers' logits, and the same logits as the checkpoint layout."""
+    from domino_jax.models.fused_layout import fuse_model
+    from domino_jax.models.qwen3 import TargetLM
+
+    hf_model, folder = hf_checkpoints(variant, False)
+    config, params, model = float32_target(folder)
+    fused_config, fused_params = fuse_model(config, params)
+    attn = fused_params["layers_0"]["self_attn"]
+    assert "q_proj" not in attn and attn["qkv_proj"]["kernel"].shape == (
+        config.hidden_size, config.q_width + 2 * config.kv_width)
+    assert ("bias" in attn["qkv_proj"]) == config.qkv_bias
+    assert fused_params["layers_0"]["mlp"]["gate_up_proj"]["kernel"].shape == (
+        config.hidden_size, 2 * config.intermediate_size)
+    tokens = random_tokens(6, (2, 9))
+    fused = _forward(TargetLM(fused_config, dtype=jnp.float32, param_dtype=jnp.float32),
+                     fused_params, tokens, positions_for(2, 9)).logits
+    assert_close(fused, hf_forward(hf_model, tokens)[0], what="fused-layout logits")
+    plain = _forward(model, params, tokens, positions_for(2, 9)).logits
+    assert rel_err(fused, plain) < 1e-5
+
+
 def test_rope_theta_v4_and_v5_config_layouts(hf_checkpoints, tmp_path):
     """Same weights, config.json rewritten in the v4 layout (top-level rope_theta): same
     theta, same logits. The saved (v5) layout uses ``rope_parameters``."""

@@ -33,17 +33,22 @@ def default_models(target: str | None, draft: str | None) -> tuple[str, str | No
 
 
 def load_pair(target_dir: str, draft_dir: str | None, method: str, dtype=jnp.bfloat16,
-              **drafter_options):
+              fused: bool = True, **drafter_options):
     """``(target_module, target_params, drafter | None, draft_params | None)``.
 
     ``drafter_options`` are fields of the drafter: ``head_topm`` (Domino chain candidate pool),
     ``budget``, ``node_topk``, ``topm``, ``builder`` (tree methods).
+
+    ``fused`` (default): both models in the decode layout (q/k/v and gate/up kernels
+    concatenated, :mod:`domino_jax.models.fused_layout`); ``False`` keeps the checkpoint's
+    layout (the same outputs, slower one-row products).
 
     The drafter is checked against the target (hidden size, vocab, layer ids, mask id)
     before any weights are read.
     """
     from converters.hf_draft import load_draft
     from converters.hf_target import load_target
+    from domino_jax.models.fused_layout import fuse_model
     from domino_jax.models.qwen3 import TargetLM
 
     target_config = TargetConfig.from_path(target_dir)
@@ -55,9 +60,13 @@ def load_pair(target_dir: str, draft_dir: str | None, method: str, dtype=jnp.bfl
         except ConfigError as e:
             raise ConfigError(f"{draft_dir} vs {target_dir}: {e}") from e
     target_config, target_params = load_target(target_dir, dtype)
+    if fused:
+        target_config, target_params = fuse_model(target_config, target_params)
     target = TargetLM(target_config, dtype=dtype, param_dtype=dtype)
     if draft_dir is not None:
         draft_config, draft_params = load_draft(draft_dir, dtype)
+        if fused:
+            draft_config, draft_params = fuse_model(draft_config, draft_params)
         drafter = make_drafter(draft_config, target, method, **drafter_options)
     return target, target_params, drafter, draft_params
 

@@ -68,11 +68,10 @@ class DraftLayer(DecoderLayerBase):
                  cache: KVCache | None, layer_index: int):
         """``x [B, Bk, H]`` block stream, ``ctx [B, Tc, H]`` shared context -> ``(x', cache')``."""
         h = self.input_layernorm(x)
-        q = self.self_attn.project_q(h, block_positions)                  # [B, Bk, nH, D]
-        k_ctx, v_ctx = self.self_attn.project_kv(ctx, context_positions)  # [B, Tc, nKV, D]
-        k_blk, v_blk = self.self_attn.project_kv(h, block_positions)      # [B, Bk, nKV, D]
-        k = jnp.concatenate([k_ctx, k_blk], axis=1)
-        v = jnp.concatenate([v_ctx, v_blk], axis=1)
+        rows = jnp.concatenate([ctx, h], axis=1)                          # [B, Tc + Bk, H]
+        positions = jnp.concatenate([context_positions, block_positions], axis=1)
+        # keys/values of context and block in one product, queries of the block only
+        q, k, v = self.self_attn.qkv(rows, positions, q_from=ctx.shape[1])
         return self.finish(x, q, k, v, visible, cache, layer_index)
 
 

@@ -76,9 +76,14 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array) -> jax.
 
 
 class MLP(nn.Module):
-    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``.
+
+    ``fused``: gate and up live in one ``gate_up_proj`` kernel ``[H, 2 I]`` (``[gate | up]``,
+    see :mod:`domino_jax.models.fused_layout`): one one-row product instead of two at decode.
+    """
 
     intermediate_size: int
+    fused: bool = False
     dtype: Dtype = jnp.bfloat16
     param_dtype: Dtype = jnp.bfloat16
 
@@ -86,16 +91,22 @@ class MLP(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         dense = lambda n, name: nn.Dense(n, use_bias=False, dtype=self.dtype,
                                          param_dtype=self.param_dtype, name=name)
-        hidden = nn.silu(dense(self.intermediate_size, "gate_proj")(x)) * \
-            dense(self.intermediate_size, "up_proj")(x)
-        return dense(x.shape[-1], "down_proj")(hidden)
+        if self.fused:
+            gate, up = jnp.split(dense(2 * self.intermediate_size, "gate_up_proj")(x), 2, -1)
+        else:
+            gate = dense(self.intermediate_size, "gate_proj")(x)
+            up = dense(self.intermediate_size, "up_proj")(x)
+        return dense(x.shape[-1], "down_proj")(nn.silu(gate) * up)
 
 
 class Attention(nn.Module):
     """Self-attention with optional per-head q/k RMSNorm (Qwen3) and q/k/v bias (Qwen2).
 
-    The module only projects (``project_q``, ``project_kv``, ``output``); where keys and
-    values come from (a KV cache, the drafter's extra context) is the caller's business.
+    The module only projects (:meth:`qkv`, :meth:`output`); where keys and values come from
+    (a KV cache, the drafter's extra context) is the caller's business.
+
+    ``fused``: q, k and v live in one ``qkv_proj`` kernel ``[H, (nH + 2 nKV) D]`` (``[q | k |
+    v]``, see :mod:`domino_jax.models.fused_layout`): one one-row product instead of three.
     """
 
     hidden_size: int
@@ -106,36 +117,44 @@ class Attention(nn.Module):
     qk_norm: bool
     qkv_bias: bool
     eps: float = 1e-6
+    fused: bool = False
     dtype: Dtype = jnp.bfloat16
     param_dtype: Dtype = jnp.bfloat16
 
     def setup(self):
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-        self.q_proj = nn.Dense(self.num_heads * self.head_dim, use_bias=self.qkv_bias, **kw)
-        self.k_proj = nn.Dense(self.num_kv_heads * self.head_dim, use_bias=self.qkv_bias, **kw)
-        self.v_proj = nn.Dense(self.num_kv_heads * self.head_dim, use_bias=self.qkv_bias, **kw)
+        q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        if self.fused:
+            self.qkv_proj = nn.Dense(q_width + 2 * kv_width, use_bias=self.qkv_bias, **kw)
+        else:
+            self.q_proj = nn.Dense(q_width, use_bias=self.qkv_bias, **kw)
+            self.k_proj = nn.Dense(kv_width, use_bias=self.qkv_bias, **kw)
+            self.v_proj = nn.Dense(kv_width, use_bias=self.qkv_bias, **kw)
         self.o_proj = nn.Dense(self.hidden_size, use_bias=False, **kw)
         if self.qk_norm:
             self.q_norm = RMSNorm(self.eps, **kw)
             self.k_norm = RMSNorm(self.eps, **kw)
 
-    def project_kv(self, h: jax.Array, positions: jax.Array):
-        """Keys (normed, rotated) and values ``[B, T, nKV, D]`` for inputs ``h [B, T, H]``."""
-        batch, length, _ = h.shape
-        k = self.k_proj(h).reshape(batch, length, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(h).reshape(batch, length, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            k = self.k_norm(k)
-        cos, sin = rope_tables(positions, self.head_dim, self.rope_theta, k.dtype)
-        return apply_rope(k, cos, sin), v
+    def qkv(self, h: jax.Array, positions: jax.Array, q_from: int = 0):
+        """Queries, keys (normed, rotated) and values for inputs ``h [B, T, H]``.
 
-    def project_q(self, h: jax.Array, positions: jax.Array):
+        Returns ``q [B, T - q_from, nH, D]`` (queries of rows ``q_from..``: the drafter needs
+        keys for its context rows but queries only for its block), ``k, v [B, T, nKV, D]``.
+        """
         batch, length, _ = h.shape
-        q = self.q_proj(h).reshape(batch, length, self.num_heads, self.head_dim)
+        q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        if self.fused:
+            q, k, v = jnp.split(self.qkv_proj(h), [q_width, q_width + kv_width], axis=-1)
+            q = q[:, q_from:]
+        else:
+            q, k, v = self.q_proj(h[:, q_from:]), self.k_proj(h), self.v_proj(h)
+        q = q.reshape(batch, length - q_from, self.num_heads, self.head_dim)
+        k = k.reshape(batch, length, self.num_kv_heads, self.head_dim)
+        v = v.reshape(batch, length, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
-            q = self.q_norm(q)
-        cos, sin = rope_tables(positions, self.head_dim, self.rope_theta, q.dtype)
-        return apply_rope(q, cos, sin)
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = rope_tables(positions, self.head_dim, self.rope_theta, k.dtype)
+        return apply_rope(q, cos[:, q_from:], sin[:, q_from:]), apply_rope(k, cos, sin), v
 
     def output(self, attn: jax.Array) -> jax.Array:
         """``o_proj`` of ``attn [B, T, nH, D]`` -> ``[B, T, hidden_size]``."""
@@ -147,8 +166,9 @@ class DecoderLayerBase(nn.Module):
     """The parts every Qwen3-style decoder layer shares (target and DFlash drafter).
 
     Subclasses compute ``q`` (and ``k``/``v`` from whatever inputs they attend over) with
-    ``self.input_layernorm`` + ``self.self_attn.project_*`` and finish with :meth:`finish`.
-    ``config`` needs the geometry fields; ``qk_norm``/``qkv_bias`` default to Qwen3's.
+    ``self.input_layernorm`` + ``self.self_attn.qkv`` and finish with :meth:`finish`.
+    ``config`` needs the geometry fields; ``qk_norm``/``qkv_bias`` default to Qwen3's and
+    ``fused_projections`` (the parameter layout) to ``False``.
     """
 
     config: Any
@@ -158,12 +178,13 @@ class DecoderLayerBase(nn.Module):
     def setup(self):
         c = self.config
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+        fused = getattr(c, "fused_projections", False)
         self.input_layernorm = RMSNorm(c.rms_norm_eps, **kw)
         self.post_attention_layernorm = RMSNorm(c.rms_norm_eps, **kw)
         self.self_attn = Attention(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
                                    c.rope_theta, getattr(c, "qk_norm", True),
-                                   getattr(c, "qkv_bias", False), c.rms_norm_eps, **kw)
-        self.mlp = MLP(c.intermediate_size, **kw)
+                                   getattr(c, "qkv_bias", False), c.rms_norm_eps, fused, **kw)
+        self.mlp = MLP(c.intermediate_size, fused, **kw)
 
     def finish(self, x, q, k, v, visible, cache, layer_index: int):
         """Write the new ``k, v`` into ``cache`` (if any, reading back the whole layer),

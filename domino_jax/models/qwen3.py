@@ -45,8 +45,7 @@ class DecoderLayer(DecoderLayerBase):
     def __call__(self, x, positions, visible, cache: KVCache | None, layer_index: int):
         """``x [B, T, H]`` -> ``(x', cache')``; K/V of the new tokens go into ``cache``."""
         h = self.input_layernorm(x)
-        q = self.self_attn.project_q(h, positions)
-        k, v = self.self_attn.project_kv(h, positions)
+        q, k, v = self.self_attn.qkv(h, positions)
         return self.finish(x, q, k, v, visible, cache, layer_index)
 
 
