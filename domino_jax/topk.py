@@ -31,7 +31,7 @@ CHUNK = 128            # values per chunk (stage 1)
 MIN_VOCAB = 8192       # below this, one lax.top_k is cheap enough
 SMALL_K = 4            # k up to here: lax.top_k. Over [16, 151936] on the H200 two stages
                        # win from k = 8 on: 0.17 vs 0.28 ms at k 8, 0.22 vs 0.44 at 16,
-                       # 0.17 vs 0.87 at 64 (NOTES entry 7); k <= 4 was not measured
+                       # 0.17 vs 0.87 at 64 (NOTES entry 8); k <= 4 was not measured
 
 
 def two_stage_top_k(x: jax.Array, k: int, chunk: int = CHUNK) -> tuple[jax.Array, jax.Array]:

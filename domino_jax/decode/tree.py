@@ -229,16 +229,24 @@ def dominotree_scorer(head_params: dict[str, Any], draft_config: DraftConfig,
     ntop = min(node_topk, vocab)
     act = draft_hidden.dtype
     base = base_logits.astype(jnp.float32)
-    base_lp, base_tok = jax.lax.top_k(jax.nn.log_softmax(base, axis=-1), ntop)   # [K, ntop]
-    base_tok = base_tok.astype(jnp.int32)
+    # log_softmax(base) = (base - max) - log(sum(exp(base - max))), jax.nn.log_softmax's formula
+    shift = jnp.max(base, axis=-1, keepdims=True)
+    log_norm = jnp.log(jnp.sum(jnp.exp(base - shift), axis=-1, keepdims=True))   # [K, 1]
     m = min(topm, vocab)
+    if not marginal and m >= ntop:
+        # one vocabulary-wide top-k: the top-M candidates (descending) start with the top-ntop
+        bc, cand = top_k(base, m)                                      # [K, M] path independent
+        base_tok, base_top = cand[:, :ntop], bc[:, :ntop]
+    else:
+        base_top, base_tok = top_k(base, ntop)                         # [K, ntop]
+    base_lp = (base_top - shift) - log_norm                            # log_softmax at the top
     if not marginal:
         w1_z, w1_s = _split_w1(head_params, hidden_size)
         w2 = head_params["embed_proj_2"]["kernel"]                     # [E, V]
         z_proj = _matmul(draft_hidden, w1_z)                           # [K, E] f32
         if m > 0:
-            _, cand = top_k(base, m)                                   # [K, M] path independent
-            bc = jnp.take_along_axis(base, cand, axis=-1)              # [K, M]
+            if m < ntop:
+                bc, cand = top_k(base, m)
             w2c = jnp.moveaxis(w2[:, cand], 0, -1).astype(jnp.float32)  # [K, M, E]
 
     def children(states, d):
