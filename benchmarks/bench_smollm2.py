@@ -16,13 +16,25 @@ time (batch 1) and reports:
 * at T = 0, whether every output is identical to AR's (it must be: lossless decoding).
 
 The target is loaded once; each method's drafter is built on the same draft weights.
-Tasks run temperature by temperature (AR first); past ``--time-budget-s`` seconds from the
-start (loading included) no new task starts, and the skipped ones are listed. The JSON and
-Markdown are rewritten after every task, so a killed run leaves partial results.
+
+Compilation (~40 s per task on the H200, against ~1 s of decoding) happens first, for every
+task at once: ``--compile-threads N`` threads (default ``min(8, cpu_count)``; 1 = one after
+another) each AOT-compile a task's programs (``speculative.precompile``) on the first prompt,
+whose padding bucket every prompt shares, so no timed call compiles. Tasks are taken in the
+timing loop's order (temperature by temperature, AR first). Then the timing loop runs the
+tasks in that order.
+
+Time budget, ``--time-budget-s`` seconds from the start (loading included): the precompile
+phase starts no compile past ``--time-budget-s`` minus ``--timing-reserve-s`` (kept for the
+timing loop; in-flight compiles finish), and the timing loop starts no task past
+``--time-budget-s``. Tasks cut by either are not run and are listed in ``meta["skipped"]``
+(and ``meta["precompile"]["not_compiled"]`` for the first kind). The JSON and Markdown are
+rewritten after every task, so a killed run leaves partial results.
 
     python benchmarks/bench_smollm2.py [--prompts 16] [--max-new-tokens 256] \\
         [--methods ar,dflash,domino,ddtree,dominotree] [--budgets 8,16,32,64] \\
-        [--temperatures 0,1] [--time-budget-s 540] [--out DIR]
+        [--temperatures 0,1] [--compile-threads 8] [--time-budget-s 540] \\
+        [--timing-reserve-s 90] [--out DIR]
 
 Writes ``smollm2_<date>.json`` and ``.md`` into ``--out`` (default ``$OUT`` or
 ``benchmarks/results``).
@@ -31,6 +43,7 @@ Writes ``smollm2_<date>.json`` and ``.md`` into ``--out`` (default ``$OUT`` or
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import datetime
 import json
 import os
@@ -52,7 +65,8 @@ def git_commit() -> str:
 
 
 def measure(target, tparams, drafter, dparams, config, ids) -> dict:
-    """Warm-up, then one prompt at a time: tokens/s, tau, verify width and the outputs."""
+    """Warm-up, then one prompt at a time: tokens/s, tau, verify width and the outputs.
+    ``compile_seconds``: compiles inside this call (0 when :func:`precompile_all` ran)."""
     from domino_jax.decode.speculative import generate
 
     t0 = time.perf_counter()
@@ -74,12 +88,52 @@ def measure(target, tparams, drafter, dparams, config, ids) -> dict:
                 task_seconds=time.perf_counter() - t0)
 
 
+def precompile_all(jobs: list, threads: int, deadline_s: float, t_start: float,
+                   log=print) -> tuple[dict, list, float]:
+    """Compile every job's programs, ``threads`` at a time, in the order given.
+
+    ``jobs``: ``[(name, fn)]`` where ``fn()`` compiles and returns its compile seconds
+    (``speculative.precompile``). A job not started by ``deadline_s`` seconds after
+    ``t_start`` is not run. Returns ``({name: seconds}, [names not compiled], wall seconds)``.
+    An exception in a job cancels the jobs not yet started and is re-raised.
+    """
+    t0 = time.perf_counter()
+
+    def run(fn):
+        if time.perf_counter() - t_start > deadline_s:
+            return None                             # past the deadline: not started
+        return fn()
+
+    seconds, not_compiled = {}, []
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(threads, 1),
+                                                 thread_name_prefix="precompile")
+    try:
+        futures = {pool.submit(run, fn): name for name, fn in jobs}   # FIFO: in job order
+        for future in concurrent.futures.as_completed(futures):
+            name, s = futures[future], future.result()
+            if s is None:
+                not_compiled.append(name)
+                continue
+            seconds[name] = s
+            log(f"compiled {name} in {s:.1f} s ({len(seconds)}/{len(jobs)}, "
+                f"{time.perf_counter() - t0:.0f} s into the precompile phase)")
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    order = [name for name, _ in jobs]
+    return ({n: seconds[n] for n in order if n in seconds},
+            sorted(not_compiled, key=order.index), time.perf_counter() - t0)
+
+
 def markdown(meta: dict, rows: list[dict]) -> str:
     fmt = lambda v, spec, suffix="": "-" if v is None else f"{v:{spec}}{suffix}"
+    pre = meta["precompile"]
     lines = [f"# SmolLM2-135M-Instruct + trained Domino drafter, batch 1 ({meta['device']}, "
              f"commit {meta['commit'][:12]}, {meta['date']})", "",
              f"{meta['prompts']} held-out prompts, max_new_tokens {meta['max_new_tokens']}, "
              f"jax {meta['jax']}.", "",
+             f"Compiled {len(pre['seconds'])} tasks up front in {pre['wall_s']:.0f} s wall "
+             f"with {pre['threads']} threads (per-task compile times sum to "
+             f"{sum(pre['seconds'].values()):.0f} s).", "",
              "| T | method | budget | verify width | tau | tok/s | speedup vs AR | c | "
              "prompts identical to AR (T=0) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -107,8 +161,13 @@ def main() -> None:
     p.add_argument("--temperatures", default="0,1")
     p.add_argument("--methods", default="ar,dflash,domino,ddtree,dominotree")
     p.add_argument("--budgets", default="8,16,32,64", help="tree budgets (tree methods)")
+    p.add_argument("--compile-threads", type=int, default=min(8, os.cpu_count() or 1),
+                   help="threads compiling the tasks up front (1: one after another)")
     p.add_argument("--time-budget-s", type=float, default=540.0,
-                   help="start no new (temperature, method) task past this many seconds")
+                   help="start no new task past this many seconds (loading included)")
+    p.add_argument("--timing-reserve-s", type=float, default=90.0,
+                   help="seconds of --time-budget-s kept for the timing loop: no compile "
+                        "starts past time-budget-s minus this")
     p.add_argument("--git-commit", default=None, help="default: git rev-parse HEAD")
     p.add_argument("--out", default=os.environ.get("OUT") or os.path.join(REPO, "benchmarks",
                                                                           "results"))
@@ -120,7 +179,7 @@ def main() -> None:
     from domino_jax.decode.loading import (default_models, load_pair, load_tokenizer,
                                            make_drafter)
     from domino_jax.decode.sampling import SamplingConfig
-    from domino_jax.decode.speculative import DecodeConfig, prompt_bucket
+    from domino_jax.decode.speculative import DecodeConfig, precompile, prompt_bucket
     from domino_jax.train.data import build_prompts, chat_ids, is_eval_prompt, stop_ids_of
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -154,10 +213,26 @@ def main() -> None:
                 device=str(jax.devices()[0].device_kind), jax=jax.__version__,
                 prompts=len(ids), prompt_bucket=common, max_new_tokens=args.max_new_tokens,
                 batch=1,
-                time_budget_s=args.time_budget_s, target=target_dir, draft=draft_dir,
-                prompt_texts=prompts, skipped=[])
+                time_budget_s=args.time_budget_s, timing_reserve_s=args.timing_reserve_s,
+                target=target_dir, draft=draft_dir, prompt_texts=prompts, skipped=[])
     print(f"{len(ids)} held-out prompts; backend {jax.default_backend()}; draft {draft_dir}; "
           f"{len(tasks)} tasks per temperature, T in {args.temperatures}", flush=True)
+    temperatures = [float(t) for t in args.temperatures.split(",")]
+    # every (temperature, method, budget) in the timing loop's (priority) order
+    runs = [(temp, method, budget) for temp in temperatures for method, budget in tasks]
+    name_of = lambda temp, method, budget: (f"T={temp:g} {method}"
+                                            + (f"@{budget}" if budget is not None else ""))
+
+    def config_for(temp: float, method: str) -> DecodeConfig:
+        return DecodeConfig(method=method, max_new_tokens=args.max_new_tokens,
+                            sampling=SamplingConfig(temp), stop_token_ids=stops)
+
+    def compile_job(temp, method, budget):
+        drafter = drafter_for(method, budget)
+        # measure()'s warm-up prompt; every prompt pads to the same bucket, so one program
+        return lambda: precompile(target, tparams, [ids[0]], config_for(temp, method), drafter,
+                                  dparams if drafter else None)
+
     os.makedirs(args.out, exist_ok=True)
     rows = []
 
@@ -169,15 +244,30 @@ def main() -> None:
             f.write(text + "\n")
         return text
 
-    for temp in [float(t) for t in args.temperatures.split(",")]:
+    print(f"precompiling {len(runs)} tasks in {args.compile_threads} threads", flush=True)
+    compiled, not_compiled, pre_wall = precompile_all(
+        [(name_of(*r), compile_job(*r)) for r in runs], args.compile_threads,
+        args.time_budget_s - args.timing_reserve_s, t_start,
+        log=lambda line: print(line, flush=True))
+    meta["precompile"] = dict(threads=args.compile_threads, wall_s=pre_wall, seconds=compiled,
+                              not_compiled=not_compiled)
+    meta["skipped"] += not_compiled
+    print(f"precompile: {len(compiled)} tasks in {pre_wall:.1f} s wall with "
+          f"{args.compile_threads} threads (per-task compile times sum to "
+          f"{sum(compiled.values()):.1f} s)"
+          + (f"; not compiled (time budget): {', '.join(not_compiled)}" if not_compiled else ""),
+          flush=True)
+    write()
+    for temp in temperatures:
         ar = None                                   # AR's measurement at this temperature
         for method, budget in tasks:
-            name = method + (f"@{budget}" if budget is not None else "")
-            if time.perf_counter() - t_start > args.time_budget_s:
-                meta["skipped"].append(f"T={temp:g} {name}")
+            name = name_of(temp, method, budget)
+            if name not in compiled:                # already listed as skipped
                 continue
-            config = DecodeConfig(method=method, max_new_tokens=args.max_new_tokens,
-                                  sampling=SamplingConfig(temp), stop_token_ids=stops)
+            if time.perf_counter() - t_start > args.time_budget_s:
+                meta["skipped"].append(name)
+                continue
+            config = config_for(temp, method)
             drafter = drafter_for(method, budget)
             m = measure(target, tparams, drafter, dparams if drafter else None, config, ids)
             if method == "ar":
@@ -191,7 +281,10 @@ def main() -> None:
                               if a != b), default=None) if compare else None
             rows.append(dict(temperature=temp, method=method, budget=budget,
                              verify_width=m["verify_width"], tau=m["tau"], tokens=m["tokens"],
-                             decode_seconds=m["seconds"], compile_seconds=m["compile_seconds"],
+                             decode_seconds=m["seconds"],
+                             # up front (concurrent with other tasks' compiles) + any in
+                             # measure (0 unless a prompt needed another program)
+                             compile_seconds=compiled[name] + m["compile_seconds"],
                              task_seconds=m["task_seconds"],
                              tokens_per_second=m["tokens_per_second"],
                              ms_per_token=1e3 / max(m["tokens_per_second"], 1e-9),
@@ -199,9 +292,10 @@ def main() -> None:
                              identical_to_ar=all(same) if compare else None,
                              prompts_identical_to_ar=sum(same) if compare else None,
                              first_difference=first_diff))
-            print(f"T={temp:g} {name}: tau {m['tau']:.2f}, {m['tokens_per_second']:.1f} tok/s"
+            print(f"{name}: tau {m['tau']:.2f}, {m['tokens_per_second']:.1f} tok/s"
                   + (f", {speedup:.2f}x AR" if speedup else "")
-                  + f" (compile {m['compile_seconds']:.0f} s of {m['task_seconds']:.0f} s; "
+                  + f" (timing {m['task_seconds']:.1f} s, of which compile "
+                  f"{m['compile_seconds']:.1f} s; compiled up front in {compiled[name]:.1f} s; "
                   f"{time.perf_counter() - t_start:.0f} s elapsed)", flush=True)
             write()                                 # partial results survive a kill
     print(write(), flush=True)

@@ -6,7 +6,9 @@ Methods: ``ar`` (no drafter: the chain with zero drafts), ``dflash`` and ``domin
 :class:`~domino_jax.decode.drafters.Drafter` proposes K tokens per round). Two jitted
 calls: :func:`prefill` (target over the prompt, first token, draft context) and
 :func:`decode_rounds` (a ``lax.while_loop`` of rounds until every row is done or a round
-limit is reached, so the CLI can stream chunks without a host sync per round).
+limit is reached, so the CLI can stream chunks without a host sync per round). Both are
+compiled ahead of time and cached per (models, config, shapes); :func:`precompile` fills
+that cache without running anything (thread-safe: benchmarks compile many tasks at once).
 
 Per round, for each row (ragged acceptance is carried as lengths, never as shapes):
   1. the drafter proposes ``drafts [B, K]`` after the root (the last committed token,
@@ -25,6 +27,7 @@ host trims whatever a block overran.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from typing import Any, NamedTuple, Sequence
 
@@ -292,15 +295,22 @@ def required_capacity(prompt_len: int, config: DecodeConfig, num_drafts: int) ->
     return prompt_len + config.max_new_tokens + num_drafts + 1
 
 
-def generate(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
-             config: DecodeConfig, drafter=None, draft_params=None, seed: int = 0,
-             chunk_rounds: int | None = None, on_chunk=None) -> GenerateResult:
-    """Generate for a batch of token-id prompts (lists may differ in length).
+class _Prepared(NamedTuple):
+    """What :func:`generate` runs: padded inputs, their key, and the compiled programs."""
 
-    ``on_chunk(tokens_so_far: list[list[int]])`` is called after each chunk of
-    ``chunk_rounds`` rounds when streaming (one host sync per chunk, not per round).
-    Raises ``ValueError`` before any compute if prompt + generation exceeds the capacity.
-    """
+    prompt: jax.Array             # [B, T] right-padded prompts (T bucketed)
+    prompt_len: jax.Array         # [B] int32 prompt lengths
+    key: jax.Array                # PRNGKey(seed)
+    num_drafts: int               # verify rows per round - 1 (0 for AR)
+    prefill_fn: Any               # (target_params, draft_params, prompt, prompt_len, key) -> state
+    rounds_fn: Any                # (target_params, draft_params, state, max_rounds) -> state
+    compile_seconds: float        # see :func:`precompile`
+
+
+def _prepare(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
+             config: DecodeConfig, drafter, draft_params, seed: int) -> _Prepared:
+    """Validate, pad, size the cache and fetch (or compile) the programs: everything
+    :func:`generate` does before running anything (shared with :func:`precompile`)."""
     if (config.method == "ar") != (drafter is None):
         raise ValueError(f"method {config.method!r} " + ("takes no drafter" if drafter is not None
                                                           else "needs a drafter (--draft DIR)"))
@@ -322,13 +332,51 @@ def generate(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
     key = jax.random.PRNGKey(seed)
     prefill_fn, rounds_fn, compile_seconds = _compiled(
         target, drafter, config, target_params, draft_params, prompt, prompt_len, key, capacity)
+    return _Prepared(prompt, prompt_len, key, num_drafts, prefill_fn, rounds_fn,
+                     compile_seconds)
+
+
+def precompile(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
+               config: DecodeConfig, drafter=None, draft_params=None, seed: int = 0) -> float:
+    """Compile (AOT) the programs a :func:`generate` call with the same arguments would run,
+    without running them; returns the seconds spent (0.0 when already cached).
+
+    Takes exactly :func:`generate`'s model/prompt/config arguments and performs the same
+    validation (same ``ValueError`` messages). Programs are cached per (target, drafter,
+    config, padded prompt shape ``[B, T]``, cache capacity, parameter shapes/dtypes), so any
+    later ``generate`` whose prompts pad to the same ``[B, T]`` (same batch size, same
+    :func:`prompt_bucket`) reuses them and reports ``compile_seconds == 0``. ``seed`` and the
+    token values do not affect the program (only its inputs).
+
+    Thread-safe: several threads may precompile (or generate) at once, each distinct
+    program compiling concurrently (XLA releases the GIL while compiling). A thread asking
+    for a program another thread is already compiling waits for it instead of compiling it
+    again; its return value is then the seconds it waited.
+    """
+    return _prepare(target, target_params, prompts, config, drafter, draft_params,
+                    seed).compile_seconds
+
+
+def generate(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
+             config: DecodeConfig, drafter=None, draft_params=None, seed: int = 0,
+             chunk_rounds: int | None = None, on_chunk=None) -> GenerateResult:
+    """Generate for a batch of token-id prompts (lists may differ in length).
+
+    ``on_chunk(tokens_so_far: list[list[int]])`` is called after each chunk of
+    ``chunk_rounds`` rounds when streaming (one host sync per chunk, not per round).
+    Raises ``ValueError`` before any compute if prompt + generation exceeds the capacity.
+    The programs are compiled on first use (``compile_seconds`` of the result) or taken from
+    the cache that :func:`precompile` fills.
+    """
+    prep = _prepare(target, target_params, prompts, config, drafter, draft_params, seed)
+    prompt, prompt_len, key = prep.prompt, prep.prompt_len, prep.key
     t0 = time.perf_counter()
-    state = prefill_fn(target_params, draft_params, prompt, prompt_len, key)
+    state = prep.prefill_fn(target_params, draft_params, prompt, prompt_len, key)
     jax.block_until_ready(state)
     t1 = time.perf_counter()
     limit = chunk_rounds or (config.max_new_tokens + 1)
     while True:
-        state = rounds_fn(target_params, draft_params, state, jnp.int32(limit))
+        state = prep.rounds_fn(target_params, draft_params, state, jnp.int32(limit))
         done = bool(jnp.all(state.done))      # one host sync per chunk
         if on_chunk is not None:
             on_chunk(_trim(state, config))
@@ -336,23 +384,45 @@ def generate(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
             break
     t2 = time.perf_counter()
     return GenerateResult(_trim(state, config), np.asarray(state.rounds),
-                          np.asarray(state.accept_hist), t1 - t0, t2 - t1, num_drafts + 1,
-                          compile_seconds)
+                          np.asarray(state.accept_hist), t1 - t0, t2 - t1, prep.num_drafts + 1,
+                          prep.compile_seconds)
 
 
+# (prefill_fn, rounds_fn, compile seconds) per cache key; _PENDING holds an Event per key
+# some thread is compiling right now. _LOCK guards both dicts, never a compile.
 _COMPILED: dict = {}
+_PENDING: dict = {}
+_LOCK = threading.Lock()
 
 
 def _compiled(target, drafter, config, target_params, draft_params, prompt, prompt_len, key,
               capacity):
-    """AOT-compiled prefill and round loop, cached per (models, config, shapes)."""
+    """AOT-compiled prefill and round loop, cached per (models, config, shapes).
+
+    Returns ``(prefill_fn, rounds_fn, seconds)``: seconds = this call's compile time, or
+    the time it waited for another thread compiling the same key, or 0.0 on a cache hit.
+    Thread-safe; each key is compiled once (if that compile raises, the error propagates in
+    the compiling thread and a waiting thread retries the compile itself).
+    """
     spec = lambda tree: jax.tree_util.tree_map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
     cache_key = (target, drafter, config, prompt.shape, capacity,
                  jax.tree_util.tree_structure(target_params), str(spec(target_params)),
                  str(spec(draft_params)))
-    if cache_key not in _COMPILED:
-        t0 = time.perf_counter()
+    t0 = time.perf_counter()
+    waited = False
+    while True:
+        with _LOCK:
+            if cache_key in _COMPILED:
+                prefill_fn, rounds_fn, _ = _COMPILED[cache_key]
+                return prefill_fn, rounds_fn, (time.perf_counter() - t0) if waited else 0.0
+            event = _PENDING.get(cache_key)
+            if event is None:                       # ours to compile
+                event = _PENDING[cache_key] = threading.Event()
+                break
+        event.wait()                                # another thread is compiling it
+        waited = True
+    try:
         prefill_fn = _prefill_jit.lower(target, drafter, config, target_params, draft_params,
                                         prompt, prompt_len, key, capacity).compile()
         state_spec = jax.eval_shape(
@@ -360,10 +430,14 @@ def _compiled(target, drafter, config, target_params, draft_params, prompt, prom
             target_params, draft_params, prompt, prompt_len, key)
         rounds_fn = _rounds_jit.lower(target, drafter, config, target_params, draft_params,
                                       state_spec, jnp.int32(0)).compile()
-        _COMPILED[cache_key] = (prefill_fn, rounds_fn, time.perf_counter() - t0)
-        return _COMPILED[cache_key]
-    prefill_fn, rounds_fn, _ = _COMPILED[cache_key]
-    return prefill_fn, rounds_fn, 0.0
+        seconds = time.perf_counter() - t0
+        with _LOCK:
+            _COMPILED[cache_key] = (prefill_fn, rounds_fn, seconds)
+    finally:
+        with _LOCK:
+            del _PENDING[cache_key]
+        event.set()
+    return prefill_fn, rounds_fn, seconds
 
 
 def _trim(state: DecodeState, config: DecodeConfig) -> list[list[int]]:
