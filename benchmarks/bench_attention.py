@@ -1,0 +1,151 @@
+"""Attention over the KV cache at decode shapes: our ``attend`` against other formulations.
+
+At prompt 2048 a 17-row verify costs ~2 ms more per round than a 1-row AR step on the H200
+(NOTES entry 9), against ~0.3 ms from the extra bytes. This script times, for the Qwen3-8B
+attention shape (32 query heads, 8 KV heads, head dim 128, bf16), one attention per layer
+over ``--layers`` distinct cache layers (so nothing stays in L2), inside a ``fori_loop``:
+
+* ``ours``: ``models.layers.attend`` on the cache layout ``[B, S, nKV, D]`` (what
+  ``kv_cache.py`` stores), masked with ``where``;
+* ``heads_major``: the same maths on a ``[B, nKV, S, D]`` cache (no transposes before the
+  batched products);
+* ``bias``: ``ours`` with an additive ``0 / -inf`` bias instead of ``where``;
+* ``dpa_xla`` / ``dpa_cudnn``: ``jax.nn.dot_product_attention`` with the XLA and the cuDNN
+  implementations (a failure is reported, not raised).
+
+Rows: queries ``T`` in ``--queries`` x context ``S`` in ``--contexts``; us per layer, median
+of ``--reps`` calls.
+
+    python benchmarks/bench_attention.py [--tiny] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def variants():
+    import jax
+    import jax.numpy as jnp
+
+    from domino_jax.models.layers import MASK_VALUE, attend
+
+    def heads_major(q, k, v, visible):            # k, v [B, nKV, S, D]
+        b, t, nh, d = q.shape
+        kv = k.shape[1]
+        qg = q.reshape(b, t, kv, nh // kv, d)
+        s = jnp.einsum("btkgd,bksd->bkgts", qg, k, preferred_element_type=jnp.float32)
+        s = jnp.where(visible[:, None, None], s * d ** -0.5, MASK_VALUE)
+        p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
+        return jnp.einsum("bkgts,bksd->btkgd", p, v).reshape(b, t, nh, d)
+
+    def bias(q, k, v, visible):
+        b, t, nh, d = q.shape
+        kv = k.shape[2]
+        qg = q.reshape(b, t, kv, nh // kv, d)
+        add = jnp.where(visible, 0.0, MASK_VALUE).astype(jnp.float32)[:, None, None]
+        s = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32)
+        p = jax.nn.softmax(s * d ** -0.5 + add, axis=-1).astype(v.dtype)
+        return jnp.einsum("bkgts,bskd->btkgd", p, v).reshape(b, t, nh, d)
+
+    def dpa(impl):
+        def f(q, k, v, visible):
+            return jax.nn.dot_product_attention(q, k, v, mask=visible[:, None],
+                                                implementation=impl)
+        return f
+
+    return {"ours": (attend, False), "heads_major": (heads_major, True), "bias": (bias, False),
+            "dpa_xla": (dpa("xla"), False), "dpa_cudnn": (dpa("cudnn"), False)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--layers", type=int, default=36)
+    p.add_argument("--queries", default="1,17")
+    p.add_argument("--contexts", default="769,2321")
+    p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--git-commit", default="unknown")
+    p.add_argument("--out", default=os.environ.get("OUT") or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "results"))
+    args = p.parse_args()
+
+    import jax
+    import jax.numpy as jnp
+
+    nh, kv, d = 32, 8, 128
+    if args.tiny:
+        nh, kv, d, args.layers, args.contexts = 4, 2, 16, 2, "40"
+    dtype = jnp.bfloat16
+    rows = []
+    for s_len in [int(x) for x in args.contexts.split(",")]:
+        k_cache = (jax.random.normal(jax.random.PRNGKey(1), (args.layers, 1, s_len, kv, d))
+                   ).astype(dtype)
+        v_cache = (jax.random.normal(jax.random.PRNGKey(2), (args.layers, 1, s_len, kv, d))
+                   ).astype(dtype)
+        k_heads, v_heads = (jnp.swapaxes(x, 2, 3) for x in (k_cache, v_cache))
+        for t_len in [int(x) for x in args.queries.split(",")]:
+            q0 = jax.random.normal(jax.random.PRNGKey(3), (1, t_len, nh, d)).astype(dtype)
+            used = s_len - 256                         # committed prefix + the new rows
+            key_pos = jnp.arange(s_len)[None, None, :]
+            query_pos = used - t_len + jnp.arange(t_len)[None, :, None]
+            visible = key_pos <= query_pos                              # [1, T, S]
+            reference = None
+            for name, (fn, heads) in variants().items():
+                ks, vs = (k_heads, v_heads) if heads else (k_cache, v_cache)
+
+                def run(q, ks=ks, vs=vs, fn=fn):
+                    def step(_, q):
+                        for layer in range(args.layers):
+                            q = q + 1e-3 * fn(q, ks[layer], vs[layer], visible).astype(q.dtype)
+                        return q
+                    return jax.lax.fori_loop(0, args.steps, step, q)
+
+                row = {"variant": name, "queries": t_len, "context": s_len}
+                try:
+                    jitted = jax.jit(run)
+                    out = jitted(q0).block_until_ready()
+                    times = []
+                    for _ in range(args.reps):
+                        t0 = time.perf_counter()
+                        jitted(q0).block_until_ready()
+                        times.append(time.perf_counter() - t0)
+                    row["us_per_layer"] = 1e6 * statistics.median(times) / (args.steps * args.layers)
+                    if reference is None:
+                        reference = out
+                    row["max_abs_diff_vs_ours"] = float(jnp.max(jnp.abs(
+                        out.astype(jnp.float32) - reference.astype(jnp.float32))))
+                except Exception as e:  # noqa: BLE001 - report unsupported variants
+                    row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M%S")
+    dev = jax.devices()[0].device_kind
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"attention_{stamp}.json"), "w") as f:
+        json.dump({"date": stamp, "git_commit": args.git_commit, "device": dev,
+                   "jax": jax.__version__, "rows": rows}, f, indent=1)
+    lines = [f"# Attention over the cache, {dev}, commit {args.git_commit}, jax {jax.__version__}"
+             f", {args.layers} layers, us per layer", "",
+             "| queries | context | variant | us/layer | max abs diff vs ours |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {r['queries']} | {r['context']} | {r['variant']} | "
+              + (f"{r['us_per_layer']:.1f} | {r['max_abs_diff_vs_ours']:.2e} |" if "error" not in r
+                 else f"failed | {r['error'][:80]} |") for r in rows]
+    with open(os.path.join(args.out, f"attention_{stamp}.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
