@@ -1,7 +1,7 @@
 """Attention over the KV cache at decode shapes: our ``attend`` against other formulations.
 
 At prompt 2048 a 17-row verify costs ~2 ms more per round than a 1-row AR step on the H200
-(NOTES entry 9), against ~0.3 ms from the extra bytes. This script times, for the Qwen3-8B
+(NOTES entry 10), against ~0.3 ms from the extra bytes. This script times, for the Qwen3-8B
 attention shape (32 query heads, 8 KV heads, head dim 128, bf16), one attention per layer
 over ``--layers`` distinct cache layers (so nothing stays in L2), inside a ``fori_loop``:
 
