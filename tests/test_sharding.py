@@ -46,9 +46,19 @@ def test_single_device_mesh_replicates_everything():
 def test_param_axes_cover_every_target_param():
     from domino_jax.models.qwen3 import param_shapes
 
-    for config in (CONFIG, TargetConfig("qwen2", 128, 64, 1, 4, 2, 16, 96, tie_word_embeddings=True,
-                                        qk_norm=False, qkv_bias=True)):
+    import dataclasses
+
+    qwen2 = TargetConfig("qwen2", 128, 64, 1, 4, 2, 16, 96, tie_word_embeddings=True,
+                         qk_norm=False, qkv_bias=True)
+    # the fused decode layout too: its output axis is replicated (models/fused_layout.py)
+    for config in (CONFIG, qwen2, dataclasses.replace(CONFIG, fused_projections=True),
+                   dataclasses.replace(qwen2, fused_projections=True)):
         axes = target_param_axes(param_shapes(config))
+        if config.fused_projections:
+            layer = axes["layers_0"]
+            assert layer["self_attn"]["qkv_proj"]["kernel"] == ("embed", None)
+            assert layer["mlp"]["gate_up_proj"]["kernel"] == ("embed", None)
+            assert layer["self_attn"]["qkv_proj"].get("bias", (None,)) == (None,)
         flat = {jax.tree_util.keystr(k): v for k, v in
                 jax.tree_util.tree_flatten_with_path(axes, is_leaf=lambda x: isinstance(x, tuple))[0]}
         assert all(isinstance(v, tuple) for v in flat.values())
