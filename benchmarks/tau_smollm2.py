@@ -28,10 +28,15 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--budgets", default="8,16,32,64")
     p.add_argument("--temperatures", default="0,1")
-    p.add_argument("--git-commit", default="unknown")
+    p.add_argument("--git-commit", default=None, help="default: git rev-parse HEAD")
     p.add_argument("--out", default=os.environ.get("OUT") or os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "results"))
     args = p.parse_args()
+    if args.git_commit is None:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from bench_smollm2 import git_commit
+
+        args.git_commit = git_commit()
 
     import jax
     import jax.numpy as jnp
