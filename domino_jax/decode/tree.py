@@ -43,10 +43,10 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from domino_jax.topk import top_k
 from domino_jax.config import DraftConfig
 from domino_jax.models.domino_head import (_matmul, _split_w1, gru_input_gates,
                                            gru_step_from_gates)
+from domino_jax.topk import top_k
 
 
 @flax.struct.dataclass
@@ -232,21 +232,18 @@ def dominotree_scorer(head_params: dict[str, Any], draft_config: DraftConfig,
     # log_softmax(base) = (base - max) - log(sum(exp(base - max))), jax.nn.log_softmax's formula
     shift = jnp.max(base, axis=-1, keepdims=True)
     log_norm = jnp.log(jnp.sum(jnp.exp(base - shift), axis=-1, keepdims=True))   # [K, 1]
-    m = min(topm, vocab)
-    if not marginal and m >= ntop:
-        # one vocabulary-wide top-k: the top-M candidates (descending) start with the top-ntop
-        bc, cand = top_k(base, m)                                      # [K, M] path independent
-        base_tok, base_top = cand[:, :ntop], bc[:, :ntop]
-    else:
-        base_top, base_tok = top_k(base, ntop)                         # [K, ntop]
-    base_lp = (base_top - shift) - log_norm                            # log_softmax at the top
+    m = 0 if marginal else min(topm, vocab)
+    # one vocabulary-wide top-k (descending): its first ntop entries are the uncorrected
+    # children, its first M the path-independent candidates
+    top_vals, top_ids = top_k(base, max(ntop, m))                      # [K, max(ntop, M)]
+    base_tok = top_ids[:, :ntop]
+    base_lp = (top_vals[:, :ntop] - shift) - log_norm                  # log_softmax at the top
     if not marginal:
         w1_z, w1_s = _split_w1(head_params, hidden_size)
         w2 = head_params["embed_proj_2"]["kernel"]                     # [E, V]
         z_proj = _matmul(draft_hidden, w1_z)                           # [K, E] f32
         if m > 0:
-            if m < ntop:
-                bc, cand = top_k(base, m)
+            bc, cand = top_vals[:, :m], top_ids[:, :m]                 # [K, M]
             w2c = jnp.moveaxis(w2[:, cand], 0, -1).astype(jnp.float32)  # [K, M, E]
 
     def children(states, d):

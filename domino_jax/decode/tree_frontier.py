@@ -40,8 +40,8 @@ import jax
 import jax.numpy as jnp
 
 from domino_jax.config import DraftConfig
-from domino_jax.topk import top_k
 from domino_jax.decode.tree import DraftTree, dominotree_child_state, dominotree_scorer
+from domino_jax.topk import top_k
 
 ChildrenFn = Callable[[Any, int], tuple[jax.Array, jax.Array]]   # (states [W,..], d) -> [W, c] x2
 AdvanceFn = Callable[[Any, jax.Array], Any]                       # (parent states, tokens [W])
