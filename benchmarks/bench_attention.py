@@ -5,8 +5,9 @@ At prompt 2048 a 17-row verify costs ~2 ms more per round than a 1-row AR step o
 attention shape (32 query heads, 8 KV heads, head dim 128, bf16), one attention per layer
 over ``--layers`` distinct cache layers (so nothing stays in L2), inside a ``fori_loop``:
 
-* ``ours``: ``models.layers.attend`` on the cache layout ``[B, S, nKV, D]`` (what
-  ``kv_cache.py`` stores), masked with ``where``;
+* ``ours``: the einsum formulation, ``models.layers.attend_reference`` (``attend`` itself
+  until it switched to ``jax.nn.dot_product_attention``, i.e. ``dpa_xla`` below), on the
+  cache layout ``[B, S, nKV, D]`` (what ``kv_cache.py`` stores), masked with ``where``;
 * ``heads_major``: the same maths on a ``[B, nKV, S, D]`` cache (no transposes before the
   batched products);
 * ``bias``: ``ours`` with an additive ``0 / -inf`` bias instead of ``where``;
@@ -36,7 +37,7 @@ def variants():
     import jax
     import jax.numpy as jnp
 
-    from domino_jax.models.layers import MASK_VALUE, attend
+    from domino_jax.models.layers import MASK_VALUE, attend_reference
 
     def heads_major(q, k, v, visible):            # k, v [B, nKV, S, D]
         b, t, nh, d = q.shape
@@ -62,8 +63,9 @@ def variants():
                                                 implementation=impl)
         return f
 
-    return {"ours": (attend, False), "heads_major": (heads_major, True), "bias": (bias, False),
-            "dpa_xla": (dpa("xla"), False), "dpa_cudnn": (dpa("cudnn"), False)}
+    return {"ours": (attend_reference, False), "heads_major": (heads_major, True),
+            "bias": (bias, False), "dpa_xla": (dpa("xla"), False),
+            "dpa_cudnn": (dpa("cudnn"), False)}
 
 
 def main() -> None:

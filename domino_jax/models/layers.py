@@ -53,15 +53,54 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array) -> jax.Array:
-    """Grouped-query attention, plain JAX.
+    """Grouped-query attention through ``jax.nn.dot_product_attention(implementation="xla")``.
 
     Args:
       q: ``[B, T, nH, D]`` queries (already rotated).
-      k, v: ``[B, S, nKV, D]`` keys (rotated) and values.
+      k, v: ``[B, S, nKV, D]`` keys (rotated) and values; ``nH`` a multiple of ``nKV``, query
+        head ``j`` reads kv head ``j // (nH / nKV)``.
       visible: bool ``[B, T, S]``; ``True`` where query t may read key s.
     Returns:
-      ``[B, T, nH, D]`` in ``v.dtype``. Rows with no visible key return zeros-weighted
-      averages of finite values (no NaN).
+      ``[B, T, nH, D]`` in ``v.dtype``. A row with no visible key gets the uniform average of
+      all ``S`` values (every score is the same finite :data:`MASK_VALUE`): finite, no NaN.
+
+    Same maths as :func:`attend_reference` (checked in ``tests/test_attention.py``): jax 0.11.2's
+    ``_dot_product_attention_xla`` / ``_dot_product_attention_core`` (``jax/_src/nn/
+    functions.py``) also splits the query heads into ``[nKV, nH / nKV]`` groups, computes the
+    scores with ``preferred_element_type=float32`` (bf16 inputs: ``BF16_BF16_F32`` dot
+    algorithm), multiplies by ``float32(1 / sqrt(D))`` (equal to ``float32(D ** -0.5)`` for
+    every ``D <= 2048``), masks with ``where(mask, scores, -0.7 * finfo(float32).max)`` (=
+    :data:`MASK_VALUE`), takes the softmax in float32, casts the probabilities to the key/value
+    dtype and multiplies by ``v`` without a preferred type.
+
+    Why the library call: on one H200 (``benchmarks/bench_attention.py``, Qwen3-8B shape 32
+    query / 8 kv heads, head dim 128, bf16) it is faster than the einsum formulation, most of
+    all for multi-query verify: 17 queries over 2321 keys 40.3 vs 70.4 us/layer
+    (``benchmarks/results/attention_2026-12-01_022157.md``, 16 layers); 17 over 769 keys 22.8
+    vs 32.1 and 1 over 769 keys 13.4 vs 14.6 us/layer (36 layers,
+    ``benchmarks/results/attention_2026-12-01_021700_partial.log``). That benchmark's bf16
+    check (the state after its loop of ``q += 1e-3 * attention``, not each output) read 0
+    difference; on the CPU the bf16 outputs of the test shapes are bitwise equal.
+    (``implementation="cudnn"`` was slower there at 17 queries and not bitwise equal.)
+
+    The library requires ``q``, ``k`` and ``v`` to share one dtype; mixed dtypes (e.g. float32
+    queries over a bf16 cache) go to :func:`attend_reference`, which promotes as before.
+    """
+    if not (q.dtype == k.dtype == v.dtype):
+        return attend_reference(q, k, v, visible)
+    out = jax.nn.dot_product_attention(q, k, v, mask=visible.astype(bool)[:, None],
+                                       implementation="xla")
+    return out.astype(v.dtype)
+
+
+def attend_reference(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array) -> jax.Array:
+    """Grouped-query attention, plain JAX: the reference :func:`attend` is checked against.
+
+    Same contract as :func:`attend` (``q [B, T, nH, D]``, ``k, v [B, S, nKV, D]``, bool
+    ``visible [B, T, S]`` -> ``[B, T, nH, D]`` in ``v.dtype``; a row with no visible key gets
+    the uniform average of all values, no NaN). Scores and softmax in float32 (``where`` with
+    the finite :data:`MASK_VALUE`), probabilities cast to ``v.dtype``. Also the fallback for
+    mixed input dtypes.
     """
     batch, q_len, num_heads, head_dim = q.shape
     num_kv = k.shape[2]
