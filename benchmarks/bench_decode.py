@@ -134,6 +134,7 @@ from domino_jax.decode.drafters import ChainDrafter  # noqa: E402
 from domino_jax.decode.sampling import target_log_probs  # noqa: E402
 from domino_jax.decode.speculative import DecodeConfig, generate  # noqa: E402
 from domino_jax.models import dflash, domino_head, qwen3  # noqa: E402
+from domino_jax.models.fused_layout import head_decode_params  # noqa: E402
 from domino_jax.models.qwen3 import TargetLM  # noqa: E402
 
 # --------------------------------------------------------------------------- shapes
@@ -374,6 +375,10 @@ class Bench:
             f"{init.get('compiled_leaf_programs', '?')} leaf programs, device peak "
             + (f"{init['device_peak_bytes'] / 1e9:.2f} GB" if init["device_peak_bytes"]
                else "n/a"))
+        self.plain_head = head
+        if a.layout == "fused":      # the head's decode leaves too, as load_pair gives them
+            head = head_decode_params(head, self.tp["embed_tokens"]["embedding"])
+            jax.block_until_ready(head)
         self.dp = {"domino": {"backbone": backbone, "head": head},
                    "dflash": {"backbone": backbone}}
         self.drafters = {"domino": ChainDrafter(self.domino_cfg, self.target, "domino"),
@@ -576,12 +581,19 @@ class Bench:
                 root_embed = drafter._embed(tparams, root)
                 return domino_head.rollout(dparams["head"], dcfg, hidden, base, root_embed,
                                            tparams["embed_tokens"]["embedding"], argmax, key,
-                                           use_input_table=drafter.use_input_table,
                                            candidate_topm=drafter.head_topm)[0]
             hd, cs = compile_timed(jax.jit(head_fn), dp, tp, hidden, base, root, key)
             out["head"] = dict(time_calls(lambda: hd(dp, tp, hidden, base, root, key), reps),
                                compile_s=cs)
             drafts = hd(dp, tp, hidden, base, root, key)
+            if dp["head"] is not self.plain_head:      # A/B: the head without decode leaves
+                plain = dict(dp, head=self.plain_head)
+                hp, cs = compile_timed(jax.jit(head_fn), plain, tp, hidden, base, root, key)
+                out["head_plain_layout"] = dict(
+                    time_calls(lambda: hp(plain, tp, hidden, base, root, key), reps),
+                    compile_s=cs)
+                same = bool(jnp.all(hp(plain, tp, hidden, base, root, key) == drafts))
+                out["head_plain_layout"]["same_drafts"] = same
         else:
             am = jax.jit(lambda b: jnp.argmax(b, axis=-1).astype(jnp.int32))
             hd, cs = compile_timed(am, base)
@@ -648,6 +660,8 @@ class Bench:
 
         for name, nbytes in floors.items():
             with_floor(out[name], nbytes)
+        if "head_plain_layout" in out:
+            with_floor(out["head_plain_layout"], floors["head"])
         with_floor(out["draft_total"], floors["backbone"] + floors["lm_head"] + floors["head"])
         out["sum_of_stages_ms"] = sum(out[s]["ms"] for s in
                                       ("draft_total", "verify", "commit"))

@@ -176,6 +176,7 @@ def main() -> None:
     import jax
     import jax.numpy as jnp
 
+    from domino_jax.models.fused_layout import head_decode_params
     from domino_jax.decode.loading import (default_models, load_pair, load_tokenizer,
                                            make_drafter)
     from domino_jax.decode.sampling import SamplingConfig
@@ -193,6 +194,9 @@ def main() -> None:
     # One load: "dflash" fits any DFlash/Domino checkpoint; the other drafters share its
     # config and weights.
     target, tparams, base, dparams = load_pair(target_dir, draft_dir, "dflash", dtype)
+    if "head" in dparams:     # the head's decode leaves, as load_pair gives the head methods
+        dparams = dict(dparams, head=head_decode_params(
+            dparams["head"], tparams["embed_tokens"]["embedding"]))
 
     def drafter_for(method: str, budget: int | None):
         options = {} if budget is None else dict(budget=budget)

@@ -3,7 +3,9 @@
 DominoTree (K = 16 depths, node_topk 8, topm 64, the real head shape: H 4096, G 1024,
 E 256, V 151936) and DDTree (K = 15 depths over V = 151936), budgets 8/16/32/64, batch 1,
 with both builders: ``heap`` (domino_jax/decode/tree.py, one sequential pop per node) and
-``frontier`` (domino_jax/decode/tree_frontier.py, one batched step per depth; the default).
+``frontier`` (domino_jax/decode/tree_frontier.py, one batched step per depth; the default),
+DominoTree frontier also with the head in its decode layout (the GRU input table; the
+decode default, models/fused_layout.py).
 Each build is one jitted call; warm-up first, then the median of ``--reps`` calls with
 ``block_until_ready``. Target (performance.md): <= 0.5 ms per round at budget 16.
 
@@ -43,6 +45,7 @@ def main() -> None:
     from domino_jax.decode import tree as tree_lib
     from domino_jax.decode import tree_frontier
     from domino_jax.models.domino_head import init_head_params
+    from domino_jax.models.fused_layout import head_decode_params
 
     cfg = QWEN3_8B_DOMINO_DRAFT
     if args.tiny:
@@ -57,6 +60,7 @@ def main() -> None:
     base = (4.0 * jax.random.normal(keys[2], (k, v), jnp.float32)).astype(dtype)
     embed = (0.02 * jax.random.normal(keys[3], (v, h), jnp.float32)).astype(dtype)
     root_state = tree_lib.root_gru_state(head, embed[7])
+    decode_head = head_decode_params(head, embed)          # + [V, 3G] GRU input table
 
     def timed(fn, *xs):
         jax.block_until_ready(fn(*xs))                        # compile + warm up
@@ -77,6 +81,9 @@ def main() -> None:
                 hp, cfg, hd, b, s, e, n, node_topk=8, topm=64))
             ddtree = jax.jit(lambda b, n=budget, f=build_dd: f(b, n))
             row[f"dominotree_{name}_ms"] = timed(domino, head, hidden, base, root_state, embed)
+            if name == "frontier":        # the head in its decode layout (the decode default)
+                row[f"dominotree_{name}_decode_head_ms"] = timed(
+                    domino, decode_head, hidden, base, root_state, embed)
             row[f"ddtree_{name}_ms"] = timed(ddtree, base[1:].astype(jnp.float32))
         rows.append(row)
     # the vocabulary-wide top-k that every build starts with ([K, V] float32): XLA's
@@ -103,9 +110,11 @@ def main() -> None:
     lines = [f"# Tree build per round ({meta['device']}, {meta['dtype']}, commit "
              f"{args.git_commit}; K={k}, V={v}, H={h}, G={meta['G']}, E={meta['E']}, "
              "node_topk 8, topm 64)", "",
-             "| budget | DominoTree frontier ms | DominoTree heap ms | DDTree frontier ms | "
-             "DDTree heap ms |", "|---|---|---|---|---|"]
-    lines += [f"| {r['budget']} | {r['dominotree_frontier_ms']:.3f} | "
+             "| budget | DominoTree frontier ms (decode head) | DominoTree frontier ms (plain "
+             "head) | DominoTree heap ms | DDTree frontier ms | DDTree heap ms |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['budget']} | {r['dominotree_frontier_decode_head_ms']:.3f} | "
+              f"{r['dominotree_frontier_ms']:.3f} | "
               f"{r['dominotree_heap_ms']:.3f} | {r['ddtree_frontier_ms']:.3f} | "
               f"{r['ddtree_heap_ms']:.3f} |" for r in rows]
     lines += ["", f"Vocabulary-wide top-k over [{k}, {v}] float32 (every build's setup):", "",

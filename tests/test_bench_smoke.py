@@ -61,6 +61,9 @@ def test_bench_decode_tiny(tmp_path):
         assert forced["tau_observed"] == pytest.approx(3.0, abs=0.6)
         assert forced["speedup_vs_ar"] > 0
     assert pr["stages"]["ar"]["ar_step"]["ms"] > 0
+    # the head's decode layout against the plain head, same process, same drafts
+    plain = pr["stages"]["domino"]["head_plain_layout"]
+    assert plain["ms"] > 0 and "floor_ms" in plain and plain["same_drafts"] is True
 
 
 def _run_tiny(script: str, out) -> dict:
@@ -93,3 +96,18 @@ def test_bench_attention_tiny(tmp_path):
         assert "error" not in row, row
         assert row["us_per_layer"] > 0 and row["max_abs_diff_vs_ours"] < 2e-2, row
     assert {r["queries"] for r in rows} == {1, 17}
+
+
+def test_bench_tree_build_tiny(tmp_path):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "bench_tree_build.py"),
+                           "--tiny", "--budgets", "8", "--reps", "3", "--out", str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    files = glob.glob(str(tmp_path / "tree_build_*.json"))
+    assert len(files) == 1 and os.path.exists(files[0][:-5] + ".md"), os.listdir(tmp_path)
+    with open(files[0]) as f:
+        row = json.load(f)["rows"][0]
+    for key in ("dominotree_frontier_ms", "dominotree_frontier_decode_head_ms",
+                "dominotree_heap_ms", "ddtree_frontier_ms", "ddtree_heap_ms"):
+        assert row[key] > 0, key

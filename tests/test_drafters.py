@@ -29,13 +29,21 @@ from domino_jax.config import (QWEN3_8B, QWEN3_8B_DOMINO_DRAFT, ConfigError, Dra
                                check_draft_fits_target)
 from domino_jax.models import dflash, domino_head
 from domino_jax.models.qwen3 import TargetLM
-from domino_jax.models.fused_layout import fuse_model
+from domino_jax.models.fused_layout import fuse_model, head_decode_params
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "reference")
 FIXTURE_NAMES = ["dflash", "domino_noshift", "domino_shift"]
 RTOL = 1e-5
+
+
+def head_layouts(head, embed_table):
+    """The head's plain params and both decode layouts (``[W1_s | W_hh]`` with and without
+    the GRU input table): every rollout check runs on all three."""
+    head = {k: v for k, v in head.items() if k not in ("state_proj", "gru_input_table")}
+    return [head, head_decode_params(head, embed_table),
+            head_decode_params(head, embed_table, input_table=False)]
 
 
 def rel_err(actual, expected) -> float:
@@ -64,6 +72,9 @@ def golden(request):
     if fused:
         target_cfg, target_params = fuse_model(target_cfg, target_params)
         draft_cfg, draft_params = fuse_model(draft_cfg, draft_params)
+        if "head" in draft_params:            # and the head's decode leaves, as load_pair does
+            draft_params = dict(draft_params, head=head_decode_params(
+                draft_params["head"], target_params["embed_tokens"]["embedding"]))
     check_draft_fits_target(draft_cfg, target_cfg)
     outputs = dict(np.load(os.path.join(folder, "outputs.npz")))
     target = TargetLM(target_cfg, dtype=jnp.float32, param_dtype=jnp.float32)
@@ -123,12 +134,11 @@ def test_fixture_greedy_rollout(golden):
         if not cfg.shift_label:
             hidden, base = hidden[:, 1:], base[:, 1:]
         embed_table = golden["target_params"]["embed_tokens"]["embedding"]
-        for use_table in (False, True):
-            rollout = jax.jit(lambda *a: domino_head.rollout(
-                *a, argmax_choose, jax.random.PRNGKey(0), use_input_table=use_table),
-                static_argnums=1)
-            tokens, _ = rollout(golden["draft_params"]["head"], cfg, hidden, base,
-                                golden["block_embeds"][:, 0], embed_table)
+        rollout = jax.jit(lambda *a: domino_head.rollout(
+            *a, argmax_choose, jax.random.PRNGKey(0)), static_argnums=1)
+        for head in head_layouts(golden["draft_params"]["head"], embed_table):
+            tokens, _ = rollout(head, cfg, hidden, base, golden["block_embeds"][:, 0],
+                                embed_table)
             assert tokens.shape == (1, cfg.k_draft)
             np.testing.assert_array_equal(np.asarray(tokens)[:, :expected.shape[1]], expected)
         return
@@ -393,12 +403,11 @@ def test_argmax_rollout_matches_python_loop(prefix_len, topm):
                 state = torch_gru(sd, _t(table[verify])[None])[0, -1]
         ref_tokens[b] = verify[1:]
     assert (ref_tokens != base.argmax(-1)).any(), "test needs corrections that change argmaxes"
-    for use_table in (False, True):
-        fn = jax.jit(lambda h, bl, r, t: domino_head.rollout(
-            params["head"], cfg, h, bl, r, t, argmax_choose, jax.random.PRNGKey(0),
-            use_input_table=use_table, candidate_topm=topm))
-        tokens, logits = fn(jnp.asarray(hidden), jnp.asarray(base), jnp.asarray(table[root]),
-                            jnp.asarray(table))
+    fn = jax.jit(lambda hp, h, bl, r, t: domino_head.rollout(
+        hp, cfg, h, bl, r, t, argmax_choose, jax.random.PRNGKey(0), candidate_topm=topm))
+    for head in head_layouts(params["head"], table):
+        tokens, logits = fn(head, jnp.asarray(hidden), jnp.asarray(base),
+                            jnp.asarray(table[root]), jnp.asarray(table))
         assert tokens.dtype == jnp.int32 and logits.dtype == jnp.float32
         np.testing.assert_array_equal(np.asarray(tokens), ref_tokens)
         finite = np.isfinite(ref_logits)

@@ -9,15 +9,17 @@ reference-output check in both layouts).
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from decode_helpers import FIXTURE_NAMES, fixture_models, reference_greedy
-from domino_jax.decode.loading import make_drafter
+from decode_helpers import FIXTURE_NAMES, FIXTURES, fixture_models, reference_greedy
+from domino_jax.decode.loading import load_pair, make_drafter
 from domino_jax.decode.speculative import DecodeConfig, generate
-from domino_jax.models.fused_layout import fuse_model, fuse_projections
+from domino_jax.models.fused_layout import fuse_model, fuse_projections, head_decode_params
 from domino_jax.models.qwen3 import TargetLM
 
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -56,7 +58,8 @@ def test_fuse_errors_name_the_path():
 
 @pytest.mark.parametrize("name", FIXTURE_NAMES)
 def test_fused_greedy_equals_reference(name):
-    """Every method on fused target + drafter reproduces the reference's greedy tokens."""
+    """Every method on fused target + drafter (the head in its decode layout) reproduces the
+    reference's greedy tokens."""
     target, params, dcfg, dparams, outputs = fixture_models(name)
     prompt = outputs["prompt"][0].tolist()
     expected = outputs["reference_spec_greedy_ids"][0, len(prompt):].tolist()
@@ -65,6 +68,9 @@ def test_fused_greedy_equals_reference(name):
     assert ref[0] == expected
     tcfg, fparams = fuse_model(target.config, params)
     fcfg, fdparams = fuse_model(dcfg, dparams)
+    if dcfg.has_domino_head:                    # the head's decode leaves too, as load_pair
+        fdparams = dict(fdparams, head=head_decode_params(
+            fdparams["head"], fparams["embed_tokens"]["embedding"]))
     ftarget = TargetLM(tcfg, dtype=target.dtype, param_dtype=target.param_dtype)
     methods = ["ar", "dflash"] + (["domino"] if dcfg.has_domino_head else [])
     if name == "domino_shift":            # the tree methods once (they share the target path)
@@ -85,3 +91,43 @@ def test_unfused_config_rejects_fused_params():
     with pytest.raises(Exception, match="q_proj"):
         TargetLM(plain).apply({"params": fused}, np.zeros((1, 2), np.int32),
                               np.zeros((1, 2), np.int32))
+
+
+def test_head_decode_params_leaves_and_errors():
+    """``state_proj`` is ``[W1_s | W_hh]``; the table is ``embed @ W_ih`` in float32; plain
+    leaves are kept; a second conversion and a misshaped embedding table are refused."""
+    _, _, dcfg, dparams, _ = fixture_models("domino_shift")
+    head = dparams["head"]
+    rng = np.random.default_rng(0)
+    embed = rng.standard_normal((dcfg.vocab_size, dcfg.hidden_size)).astype(np.float32)
+    out = head_decode_params(head, embed)
+    g = head["prefix_gru"]["weight_hh"].shape[0]
+    w1 = np.asarray(head["embed_proj_0"]["kernel"])
+    np.testing.assert_array_equal(
+        np.asarray(out["state_proj"]["kernel"]),
+        np.concatenate([w1[-g:], np.asarray(head["prefix_gru"]["weight_hh"])], axis=1))
+    table = np.asarray(out["gru_input_table"])
+    assert table.dtype == np.float32 and table.shape == (dcfg.vocab_size, 3 * g)
+    expected = embed.astype(np.float64) @ np.asarray(head["prefix_gru"]["weight_ih"], np.float64)
+    np.testing.assert_allclose(table, expected, rtol=1e-4, atol=1e-4)
+    assert all(out[k] is head[k] for k in head)
+    assert "gru_input_table" not in head_decode_params(head, embed, input_table=False)
+    with pytest.raises(ValueError, match="already in the decode layout"):
+        head_decode_params(out, embed)
+    with pytest.raises(ValueError, match="does not fit"):
+        head_decode_params(head, embed[:, :-1])
+
+
+def test_load_pair_adds_head_decode_leaves_for_head_methods():
+    """The decode CLI's loader: Domino methods get the head's decode leaves (the table
+    optional), DFlash on a Domino checkpoint does not pay for them."""
+    folder = os.path.join(FIXTURES, "domino_shift")
+    load = lambda method, **kw: load_pair(os.path.join(folder, "target"),  # noqa: E731
+                                          os.path.join(folder, "draft"), method,
+                                          jnp.float32, **kw)[3]["head"]
+    assert {"state_proj", "gru_input_table"} <= set(load("domino"))
+    assert {"state_proj", "gru_input_table"} <= set(load("dominotree"))
+    no_table = load("domino", head_input_table=False)
+    assert "state_proj" in no_table and "gru_input_table" not in no_table
+    assert not {"state_proj", "gru_input_table"} & set(load("dflash"))
+    assert not {"state_proj", "gru_input_table"} & set(load("domino", fused=False))

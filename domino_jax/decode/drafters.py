@@ -37,7 +37,6 @@ class ChainDrafter:
     config: DraftConfig
     target: TargetLM
     method: str = "domino"            # "dflash" | "domino"
-    use_input_table: bool = False     # Domino: precomputed [V, 3G] GRU input table
     head_topm: int = 0                # Domino: candidate pool per position (0 = full vocab)
 
     def __post_init__(self):
@@ -155,8 +154,7 @@ class ChainDrafter:
             root_embed = self._embed(target_params, root)
             drafts, logits = domino_head.rollout(
                 draft_params["head"], self.config, hidden, base, root_embed, embed_table,
-                choose_fn, key, use_input_table=self.use_input_table,
-                candidate_topm=self.head_topm)
+                choose_fn, key, candidate_topm=self.head_topm)
         if sample:
             log_q = jax.nn.log_softmax(logits / temp, axis=-1)
         else:

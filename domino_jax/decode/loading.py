@@ -33,7 +33,7 @@ def default_models(target: str | None, draft: str | None) -> tuple[str, str | No
 
 
 def load_pair(target_dir: str, draft_dir: str | None, method: str, dtype=jnp.bfloat16,
-              fused: bool = True, **drafter_options):
+              fused: bool = True, head_input_table: bool = True, **drafter_options):
     """``(target_module, target_params, drafter | None, draft_params | None)``.
 
     ``drafter_options`` are fields of the drafter: ``head_topm`` (Domino chain candidate pool),
@@ -41,14 +41,19 @@ def load_pair(target_dir: str, draft_dir: str | None, method: str, dtype=jnp.bfl
 
     ``fused`` (default): both models in the decode layout (q/k/v and gate/up kernels
     concatenated, :mod:`domino_jax.models.fused_layout`); ``False`` keeps the checkpoint's
-    layout (the same outputs, slower one-row products).
+    layout (the same outputs, slower one-row products). With ``fused``, a Domino head (methods
+    ``domino``, ``dominotree``) also
+    gets its decode leaves (:func:`~domino_jax.models.fused_layout.head_decode_params`):
+    ``[W1_s | W_hh]`` in one kernel and, unless ``head_input_table=False``, the ``[V, 3G]``
+    float32 GRU input table (``12 V G`` bytes: 1.87 GB for a Qwen3-8B Domino head, 151 MB for
+    the SmolLM2 demo drafter).
 
     The drafter is checked against the target (hidden size, vocab, layer ids, mask id)
     before any weights are read.
     """
     from converters.hf_draft import load_draft
     from converters.hf_target import load_target
-    from domino_jax.models.fused_layout import fuse_model
+    from domino_jax.models.fused_layout import fuse_model, head_decode_params
     from domino_jax.models.qwen3 import TargetLM
 
     target_config = TargetConfig.from_path(target_dir)
@@ -67,6 +72,10 @@ def load_pair(target_dir: str, draft_dir: str | None, method: str, dtype=jnp.bfl
         draft_config, draft_params = load_draft(draft_dir, dtype)
         if fused:
             draft_config, draft_params = fuse_model(draft_config, draft_params)
+            if "head" in draft_params and method in ("domino", "dominotree"):
+                draft_params = dict(draft_params, head=head_decode_params(
+                    draft_params["head"], target_params["embed_tokens"]["embedding"],
+                    input_table=head_input_table))
         drafter = make_drafter(draft_config, target, method, **drafter_options)
     return target, target_params, drafter, draft_params
 

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 
 from domino_jax.config import DraftConfig
 from domino_jax.models.domino_head import (_matmul, _split_w1, gru_input_gates,
-                                           gru_step_from_gates)
+                                           gru_step_from_gates, token_input_gates)
 from domino_jax.topk import top_k
 
 
@@ -272,9 +272,10 @@ def dominotree_scorer(head_params: dict[str, Any], draft_config: DraftConfig,
 def dominotree_child_state(head_params: dict[str, Any], embed_table: jax.Array,
                            parent_states: jax.Array, tokens: jax.Array) -> jax.Array:
     """GRU state of a node from its parent's state and its own token: ``parent_states
-    [..., G]``, ``tokens [...]`` -> ``[..., G]`` (one GRU step on the token's embedding)."""
-    x = embed_table[tokens].astype(parent_states.dtype)
-    return gru_step_from_gates(head_params, gru_input_gates(head_params, x), parent_states)
+    [..., G]``, ``tokens [...]`` -> ``[..., G]`` (one GRU step on the token's embedding; its
+    input gates are a row gather when the head is in the decode layout)."""
+    gates = token_input_gates(head_params, embed_table, tokens, parent_states.dtype)
+    return gru_step_from_gates(head_params, gates, parent_states)
 
 
 def build_dominotree(head_params: dict[str, Any], draft_config: DraftConfig,

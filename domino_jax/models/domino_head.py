@@ -81,18 +81,52 @@ def gru_input_gates(head_params: HeadParams, x: jax.Array) -> jax.Array:
     return _matmul(x, head_params["prefix_gru"]["weight_ih"])
 
 
-def gru_step_from_gates(head_params: HeadParams, input_gates: jax.Array,
-                        state: jax.Array) -> jax.Array:
-    """One GRU step given ``gi [..., 3G]`` (float32) and ``state [..., G]`` -> new state
-    (``state.dtype``)."""
-    hidden_gates = _matmul(state, head_params["prefix_gru"]["weight_hh"])
+def gru_update(input_gates: jax.Array, hidden_gates: jax.Array, state: jax.Array) -> jax.Array:
+    """The gate arithmetic of one GRU step: ``gi, gh [..., 3G]`` (float32; ``[r | z | n]``) and
+    ``state [..., G]`` -> new state (``state.dtype``)."""
     gi_r, gi_z, gi_n = jnp.split(input_gates.astype(jnp.float32), 3, axis=-1)
-    gh_r, gh_z, gh_n = jnp.split(hidden_gates, 3, axis=-1)
+    gh_r, gh_z, gh_n = jnp.split(hidden_gates.astype(jnp.float32), 3, axis=-1)
     reset = jax.nn.sigmoid(gi_r + gh_r)
     update = jax.nn.sigmoid(gi_z + gh_z)
     candidate = jnp.tanh(gi_n + reset * gh_n)
     new_state = (1.0 - update) * candidate + update * state.astype(jnp.float32)
     return new_state.astype(state.dtype)
+
+
+def gru_step_from_gates(head_params: HeadParams, input_gates: jax.Array,
+                        state: jax.Array) -> jax.Array:
+    """One GRU step given ``gi [..., 3G]`` (float32) and ``state [..., G]`` -> new state
+    (``state.dtype``)."""
+    hidden_gates = _matmul(state, head_params["prefix_gru"]["weight_hh"])
+    return gru_update(input_gates, hidden_gates, state)
+
+
+def token_input_gates(head_params: HeadParams, embed_table: jax.Array, tokens: jax.Array,
+                      dtype) -> jax.Array:
+    """GRU input gates of ``tokens [...]`` -> float32 ``[..., 3G]``.
+
+    A row gather from ``head_params["gru_input_table"]`` when the head is in the decode layout
+    (:func:`domino_jax.models.fused_layout.head_decode_params`), else ``embed_table[tokens]``
+    (cast to ``dtype``) times ``W_ih``. The two agree up to float32 accumulation order.
+    """
+    if "gru_input_table" in head_params:
+        return head_params["gru_input_table"][tokens].astype(jnp.float32)
+    return gru_input_gates(head_params, embed_table[tokens].astype(dtype))
+
+
+def state_products(head_params: HeadParams, state: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(state W1_s [..., E], state W_hh [..., 3G])``, float32, for ``state [..., G]``.
+
+    Both products read the same state: in the decode layout (``state_proj/kernel [G, E + 3G]``
+    = ``[W1_s | W_hh]``) they are one product, one kernel launch instead of two per step.
+    """
+    if "state_proj" in head_params:
+        both = _matmul(state, head_params["state_proj"]["kernel"])
+        emb_dim = head_params["embed_proj_0"]["kernel"].shape[1]
+        return both[..., :emb_dim], both[..., emb_dim:]
+    g = head_params["prefix_gru"]["weight_hh"].shape[0]
+    w1_s = head_params["embed_proj_0"]["kernel"][-g:]
+    return _matmul(state, w1_s), _matmul(state, head_params["prefix_gru"]["weight_hh"])
 
 
 def gru_cell(head_params: HeadParams, x: jax.Array, state: jax.Array) -> jax.Array:
@@ -155,18 +189,24 @@ def teacher_forced_logits(head_params: HeadParams, config: DraftConfig,
 
 
 def gru_input_table(head_params: HeadParams, embed_table: jax.Array) -> jax.Array:
-    """``[V, 3G]`` float32 table ``embed_table @ W_ih``: a GRU input step becomes a row gather
-    (0.87 GB in bf16 for Qwen3; worth it when the vocab matmul per step dominates)."""
+    """``[V, 3G]`` float32 table ``embed_table @ W_ih``: a GRU input step on token ``t`` becomes
+    the row gather ``table[t]`` (algorithms.md §3.1's fast-path table). Made once, at load
+    time, by :func:`domino_jax.models.fused_layout.head_decode_params`."""
     return gru_input_gates(head_params, embed_table)
 
 
 def rollout(head_params: HeadParams, config: DraftConfig, draft_hidden: jax.Array,
             base_logits: jax.Array, root_embed: jax.Array, embed_table: jax.Array,
-            choose_fn: ChooseFn, rng_key: jax.Array, use_input_table: bool = False,
+            choose_fn: ChooseFn, rng_key: jax.Array,
             candidate_topm: int = 0) -> tuple[jax.Array, jax.Array]:
     """Inference rollout of one block (algorithms.md §3.3), in draft-index indexing.
 
     Args:
+      head_params: the head's parameters, plain or in the decode layout
+        (:func:`domino_jax.models.fused_layout.head_decode_params`: a ``[V, 3G]`` GRU input
+        table makes a step's input gates a row gather instead of an ``[H, 3G]`` product, and
+        ``[W1_s | W_hh]`` makes the two products of the state one). Same drafts either way,
+        up to float32 accumulation order.
       draft_hidden: ``[B, K, H]`` the ``K = k_draft`` draft positions (the caller drops block
         slot 0 when ``shift_label`` is false).
       base_logits: ``[B, K, V]`` target LM head on ``draft_hidden``.
@@ -175,14 +215,12 @@ def rollout(head_params: HeadParams, config: DraftConfig, draft_hidden: jax.Arra
       choose_fn: ``(logits [B, n] float32, key) -> index [B] int32`` (argmax or sampling; ``n``
         is ``V``, or ``M`` with a candidate pool).
       rng_key: split into one key per position.
-      use_input_table: gather GRU input gates from a ``[V, 3G]`` table made here (full-vocab
-        path only; it costs a vocab-sized matmul per call).
       candidate_topm: ``M > 0``: corrected positions choose among the top-``M`` tokens of
         their own base logits only (the candidate pool of SGLang's Domino rollout and of
         DominoTree's ``corr_topm``, algorithms.md §3.3 / §5.3). The correction is then
         ``M`` dot products instead of a ``[E, V]`` product, and the candidates' GRU input
-        gates come from one batched matmul per block, so a step reads kilobytes instead of
-        ~100 MB. Drafts equal the full-vocab ones whenever the full-vocab choice lies in the
+        gates are gathered once per block, so a step reads kilobytes instead of ~100 MB.
+        Drafts equal the full-vocab ones whenever the full-vocab choice lies in the
         pool; either way verification keeps decoding lossless. ``0``: full vocabulary
         (the reference's graph runner).
     Returns:
@@ -195,32 +233,26 @@ def rollout(head_params: HeadParams, config: DraftConfig, draft_hidden: jax.Arra
     vocab = base_logits.shape[-1]
     prefix_len = min(config.pure_draft_prefix_len, num_drafts)
     act_dtype = draft_hidden.dtype
-    w1_z, w1_s = _split_w1(head_params, hidden_size)
+    w1_z, _ = _split_w1(head_params, hidden_size)
     w2 = head_params["embed_proj_2"]["kernel"]
     z_proj = _matmul(draft_hidden, w1_z)                                   # [B, K, E] hoisted
     base = base_logits.astype(jnp.float32)
-    if use_input_table:
-        table = gru_input_table(head_params, embed_table.astype(act_dtype))
-        input_gates_of = lambda tokens: table[tokens]
-    else:
-        input_gates_of = lambda tokens: gru_input_gates(
-            head_params, embed_table[tokens].astype(act_dtype))
     m = min(candidate_topm, vocab)
     if m > 0:                                          # per-position pools, made once
         cand_logits, cand = top_k(base, m)                                # [B, K, M] int32
         w2_cand = jnp.moveaxis(w2[:, cand], 0, -1)                        # [B, K, M, E]
-        cand_gates = gru_input_gates(head_params, embed_table[cand].astype(act_dtype))
+        cand_gates = token_input_gates(head_params, embed_table, cand, act_dtype)
     g = head_params["prefix_gru"]["weight_hh"].shape[0]
-    state = gru_step_from_gates(head_params,
-                                gru_input_gates(head_params, root_embed.astype(act_dtype)),
-                                jnp.zeros((batch, g), act_dtype))         # after [root]
+    state = gru_update(gru_input_gates(head_params, root_embed.astype(act_dtype)),
+                       jnp.zeros((batch, 3 * g), jnp.float32),
+                       jnp.zeros((batch, g), act_dtype))                  # after [root]
     keys = jax.random.split(rng_key, num_drafts)
     tokens, logits, pooled = [], [], []
     for i in range(num_drafts):
         corrected = i >= prefix_len
+        state_w1, state_hh = state_products(head_params, state)        # one product, decode
         if corrected:
-            u = jax.nn.silu(z_proj[:, i] + _matmul(state.astype(act_dtype), w1_s))
-            u = u.astype(act_dtype)
+            u = jax.nn.silu(z_proj[:, i] + state_w1).astype(act_dtype)
         if corrected and m > 0:
             pool_logits = cand_logits[:, i] + jnp.einsum(
                 "bme,be->bm", w2_cand[:, i], u, preferred_element_type=jnp.float32)
@@ -231,10 +263,10 @@ def rollout(head_params: HeadParams, config: DraftConfig, draft_hidden: jax.Arra
         else:
             logits_i = base[:, i] + _matmul(u, w2) if corrected else base[:, i]
             token = choose_fn(logits_i, keys[i]).astype(jnp.int32)
-            gates = input_gates_of(token)
+            gates = token_input_gates(head_params, embed_table, token, act_dtype)
             logits.append(logits_i)
         if i + 1 < num_drafts:
-            state = gru_step_from_gates(head_params, gates, state)
+            state = gru_update(gates, state_hh, state)
         tokens.append(token)
     logits = (jnp.stack(logits, axis=1) if logits                          # [B, K or P, V]
               else jnp.zeros((batch, 0, vocab), jnp.float32))
