@@ -31,3 +31,21 @@ def test_draft_that_does_not_fit_the_target(capsys):
     assert main(["--target", target, "--draft", draft, "--method", "domino"]) == 2
     err = capsys.readouterr().err
     assert "num_target_layers 4" in err and draft in err
+
+
+def test_no_head_input_table_reaches_load_pair(monkeypatch):
+    """``--no-head-input-table`` is passed to ``load_pair`` (default: the table is made)."""
+    import domino_jax.decode.loading as loading
+
+    seen = []
+
+    def fake_load_pair(*args, **kwargs):
+        seen.append(kwargs.get("head_input_table"))
+        raise FileNotFoundError("stop here")
+
+    monkeypatch.setattr(loading, "load_pair", fake_load_pair)
+    target = os.path.join(FIX, "domino_shift", "target")
+    draft = os.path.join(FIX, "domino_shift", "draft")
+    for extra, expected in (([], True), (["--no-head-input-table"], False)):
+        assert main(["--target", target, "--draft", draft, "--method", "domino"] + extra) == 2
+        assert seen[-1] is expected
