@@ -13,8 +13,12 @@ device, Qwen3-8B target and drafter shapes):
   nothing, so we patch the verifier to accept ``tau - 1`` drafts per round);
 * every time beside its memory-bandwidth floor (bytes counted from the parameter shapes);
 * Hugging Face ``Qwen3ForCausalLM.generate`` (bf16, sdpa, dynamic and static cache) on the
-  same shape, in a child process with a hard timeout (so a slow ``torch.compile`` cannot
-  eat the whole budget, and its GPU memory is returned when it exits).
+  same shape, in a child process with a hard timeout (``hf_generate_worker.py``: a slow
+  ``torch.compile`` cannot eat the whole budget, and its GPU memory is returned when it
+  exits).
+
+Helpers (floors, random weights, timing) live in ``bench_util.py``, the Markdown report and
+the plot in ``decode_report.py``.
 
 Results (JSON, Markdown, PNG) are rewritten after every finished task, so a run stopped by
 ``--time-budget-s`` or killed from outside still leaves partial results.
@@ -28,13 +32,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as _dt
-import functools
 import json
 import os
 import re
 import signal
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -46,7 +48,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from child_process import run_streaming  # noqa: E402
 
 T_START = time.perf_counter()
-HBM_BYTES_PER_S = 4.3e12          # H200 device-to-device copy (performance.md)
 TAUS = (4, 6, 8)
 
 
@@ -85,7 +86,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="parameter layout of target and drafter: fused q/k/v and gate/up (the "
                         "decode default, models/fused_layout.py) or the checkpoint's")
     p.add_argument("--git-commit", default=None, help="recorded when .git is absent")
-    p.add_argument("--hf-worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.prompt_lens is None:
         args.prompt_lens = "16" if args.tiny else "512,2048"
@@ -120,12 +120,11 @@ def setup_env(args) -> None:
 
 
 ARGS = parse_args() if __name__ == "__main__" else None
-if ARGS is not None and ARGS.hf_worker is None:
+if ARGS is not None:
     setup_env(ARGS)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 
 from domino_jax.config import (QWEN3_8B, QWEN3_8B_DOMINO_DRAFT, DraftConfig,  # noqa: E402
                                TargetConfig)
@@ -156,126 +155,11 @@ def dflash_config_of(domino: DraftConfig) -> DraftConfig:
 
 # --------------------------------------------------------------------------- helpers
 
-def tree_bytes(tree) -> int:
-    return int(sum(np.prod(x.shape) * np.dtype(x.dtype).itemsize
-                   for x in jax.tree_util.tree_leaves(tree)))
-
-
-def floor_ms(nbytes: float) -> float:
-    return 1e3 * nbytes / HBM_BYTES_PER_S
-
-
-def with_floor(entry: dict, nbytes: float) -> dict:
-    """Add ``floor_ms`` and ``pct_of_floor`` (floor / measured, 100 = at the floor)."""
-    entry["floor_bytes"] = int(nbytes)
-    entry["floor_ms"] = floor_ms(nbytes)
-    ms = entry.get("ms")
-    if ms:
-        entry["pct_of_floor"] = 100.0 * entry["floor_ms"] / ms
-    return entry
-
-
-def _leaf_kind(name: str, shape) -> str:
-    if "norm" in name and len(shape) == 1:
-        return "ones"
-    return "embed" if "embed_tokens" in name else "kernel"
-
-
-@functools.partial(jax.jit, static_argnums=(1, 2, 3))
-def _random_leaf(key, shape, dtype, kind):
-    """One parameter leaf. Jitted per (shape, dtype, kind), so the 36 identically shaped
-    layers reuse a handful of small compiled RNG programs; the float32 draw is fused into
-    the cast, and the largest transient is one leaf's random bits (2.5 GB for the
-    151936 x 4096 embedding), not the model."""
-    if kind == "ones":
-        return jnp.ones(shape, dtype)
-    scale = 0.02 if kind == "embed" else float(shape[0]) ** -0.5
-    return (jax.random.normal(key, shape, jnp.float32) * scale).astype(dtype)
-
-
-def random_params(shape_tree, seed: int):
-    """Random weights made on the device, leaf by leaf (no host copy of the model).
-
-    Norm weights are 1, the embedding N(0, 0.02), every kernel N(0, 1/fan_in): hidden
-    states stay finite over 36 layers (NaN logits would make every argmax 0 and every
-    draft 'accepted'). Leaf ``i`` uses ``split(PRNGKey(seed), n)[i]`` (the same values as
-    the former one-jit version)."""
-    flat, treedef = jax.tree_util.tree_flatten_with_path(shape_tree)
-    keys = jax.random.split(jax.random.PRNGKey(seed), len(flat))
-    leaves = []
-    for i, (path, leaf) in enumerate(flat):
-        shape = tuple(int(s) for s in leaf.shape)
-        kind = _leaf_kind(jax.tree_util.keystr(path), shape)
-        leaves.append(_random_leaf(keys[i], shape, jnp.dtype(leaf.dtype), kind))
-    return jax.tree_util.tree_unflatten(treedef, leaves)
-
-
-def device_peak_bytes() -> int | None:
-    """Peak bytes in use on device 0 so far (None where the backend does not say)."""
-    try:
-        stats = jax.devices()[0].memory_stats() or {}
-    except Exception:  # noqa: BLE001
-        return None
-    peak = stats.get("peak_bytes_in_use")
-    return int(peak) if peak is not None else None
-
-
-def time_calls(call, reps: int, warmup: int = 2) -> dict:
-    """Median over ``reps`` synchronised calls of ``call()`` (returns arrays to wait on),
-    plus the mean over ``reps`` calls issued back to back (dispatch pipelined)."""
-    for _ in range(warmup):
-        jax.block_until_ready(call())
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(call())
-        times.append(1e3 * (time.perf_counter() - t0))
-    t0 = time.perf_counter()
-    out = None
-    for _ in range(reps):
-        out = call()
-    jax.block_until_ready(out)
-    pipelined = 1e3 * (time.perf_counter() - t0) / reps
-    return {"ms": statistics.median(times), "ms_min": min(times), "ms_max": max(times),
-            "ms_pipelined_mean": pipelined, "reps": reps}
-
-
-def compile_timed(jitted, *args):
-    t0 = time.perf_counter()
-    compiled = jitted.lower(*args).compile()
-    return compiled, time.perf_counter() - t0
-
-
-def random_prompt(length: int, vocab: int, seed: int) -> list[int]:
-    rng = np.random.default_rng(seed)
-    return rng.integers(0, min(vocab, 150000), size=length).tolist()
-
-
-def git_commit(override: str | None) -> str:
-    if override:
-        return override
-    try:
-        out = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=10)
-        if out.returncode == 0:
-            dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--",
-                                    "domino_jax", "benchmarks/bench_decode.py"],
-                                   capture_output=True, text=True, timeout=10).stdout.strip()
-            return out.stdout.strip() + ("+dirty" if dirty else "")
-    except Exception:  # noqa: BLE001
-        pass
-    return os.environ.get("BENCH_GIT_COMMIT", "unknown")
-
-
-def versions() -> dict:
-    import importlib.metadata as md
-    found = {}
-    for name in ("jax", "jaxlib", "flax", "numpy", "torch", "transformers"):
-        try:
-            found[name] = md.version(name)
-        except Exception:  # noqa: BLE001
-            found[name] = None
-    return found
+from bench_util import (HBM_BYTES_PER_S, compile_timed, device_peak_bytes,  # noqa: E402,F401
+                        floor_ms, git_commit, random_params, random_prompt, time_calls,
+                        tree_bytes, versions, with_floor)
+import bench_util  # noqa: E402
+import decode_report  # noqa: E402
 
 
 # --------------------------------------------------------------------------- the benchmark
@@ -366,7 +250,7 @@ class Bench:
         init["drafter_s"] = time.perf_counter() - t1
         self.results["init_seconds"] = time.perf_counter() - t0
         try:
-            init["compiled_leaf_programs"] = int(_random_leaf._cache_size())
+            init["compiled_leaf_programs"] = int(bench_util._random_leaf._cache_size())
         except Exception:  # noqa: BLE001
             pass
         init["device_peak_bytes"] = device_peak_bytes()
@@ -711,12 +595,10 @@ class Bench:
         out_file = os.path.join(self.args.out, f".hf_{self.stamp}.json")
         if os.path.exists(out_file):
             os.remove(out_file)
-        cmd = [sys.executable, os.path.abspath(__file__), "--hf-worker", out_file,
-               "--prompt-lens", str(plen), "--new-tokens", str(self.args.new_tokens)]
-        # JAX_PLATFORMS=cpu: the child never touches the GPU through jax (no preallocation)
-        env = dict(os.environ, BENCH_HF_PAYLOAD=payload, PYTHONUNBUFFERED="1",
-                   JAX_PLATFORMS="cpu")
-        log(f"  HF worker (timeout {timeout:.0f}s): {' '.join(cmd[1:3])} ...")
+        cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                            "hf_generate_worker.py"), out_file]
+        env = dict(os.environ, BENCH_HF_PAYLOAD=payload, PYTHONUNBUFFERED="1")
+        log(f"  HF worker (timeout {timeout:.0f}s): {os.path.basename(cmd[1])} ...")
         error = None
         rc, tail, wall = run_streaming(cmd, timeout, env=env, tail_lines=40)
         if rc == "timeout":
@@ -780,101 +662,10 @@ class Bench:
                     m["hf_over_ours_generate"] = m["ms_per_token"] / ar["generate_ms_per_token"]
 
     def markdown(self) -> str:
-        r = self.results
-        lines = [f"# Decode benchmark {r['date']}", "",
-                 f"- device: {r['device']['kind']} ({r['device']['platform']}); commit "
-                 f"`{r['git_commit']}`; shape {r['shape']}, batch 1, {r['new_tokens']} new tokens",
-                 "- versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()),
-                 f"- parameter layout: {r.get('layout', 'unfused')}; XLA_FLAGS: "
-                 f"`{r['xla_flags'] or '(none)'}`; floors at "
-                 f"{HBM_BYTES_PER_S / 1e12:.1f} TB/s; % = floor / measured",
-                 f"- random weight init: {r.get('init_seconds', float('nan')):.1f} s", ""]
-        for plen_s, pr in r["prompts"].items():
-            lines += [f"## prompt {plen_s}", "",
-                      "| what | ms | floor ms | % of floor | c | note |", "|---|---|---|---|---|---|"]
-            loops = pr.get("loops", {})
-            for method, loop in loops.items():
-                note = (f"{loop['decode_ms_per_token']:.3f} ms/token decode, "
-                        f"{loop['generate_ms_per_token']:.3f} generate; tau {loop['tau_observed']:.2f}")
-                if "projected_speedup" in loop:
-                    note += "; speedup at tau 4/6/8: " + "/".join(
-                        f"{v:.2f}" for v in loop["projected_speedup"].values())
-                lines.append(f"| {method} round (loop) | {loop['round_ms']:.3f} | "
-                             f"{loop.get('floor_ms', float('nan')):.3f} | "
-                             f"{loop.get('pct_of_floor', float('nan')):.0f} | "
-                             f"{loop.get('c', 1.0 if method == 'ar' else float('nan')):.3f} | {note} |")
-            for method, stages in pr.get("stages", {}).items():
-                for name, s in stages.items():
-                    if not isinstance(s, dict):
-                        continue
-                    lines.append(f"| {method} {name} (own jit) | {s['ms']:.3f} | "
-                                 f"{s.get('floor_ms', float('nan')):.3f} | "
-                                 f"{s.get('pct_of_floor', float('nan')):.0f} | | "
-                                 f"pipelined {s['ms_pipelined_mean']:.3f} |")
-            for key, f in pr.get("forced", {}).items():
-                lines.append(f"| {key} (loop) | {f['round_ms']:.3f} | | | {f.get('c', float('nan')):.3f}"
-                             f" | {f['decode_ms_per_token']:.3f} ms/token, measured speedup "
-                             f"{f.get('speedup_vs_ar', float('nan')):.2f} |")
-            hf = r["hf"].get(plen_s)
-            if hf:
-                for mode in ("static", "static_eager", "dynamic"):
-                    m = hf.get(mode) or {}
-                    if m.get("ms_per_token"):
-                        lines.append(f"| HF generate {mode} cache | {m['ms_per_token']:.3f} "
-                                     f"ms/token | | | | HF/ours (generate) "
-                                     f"{m.get('hf_over_ours_generate', float('nan')):.2f}x |")
-                    elif m.get("error"):
-                        lines.append(f"| HF generate {mode} cache | error | | | | "
-                                     f"{m['error'][:80]} |")
-                if hf.get("error"):
-                    lines.append(f"| HF worker | error | | | | {hf['error'][:160]} |")
-                if hf.get("init_s") is not None:
-                    lines.append(f"| HF model init (random bf16) | {1e3 * hf['init_s']:.0f} | | "
-                                 f"| | torch {hf.get('torch')}, transformers "
-                                 f"{hf.get('transformers')} |")
-            lines.append("")
-        if r["skipped"]:
-            lines.append("Skipped (time budget): " + ", ".join(s["task"] for s in r["skipped"]))
-        if r["errors"]:
-            lines.append("Errors: " + "; ".join(f"{e['task']}: {e['error'][:120]}"
-                                                for e in r["errors"]))
-        return "\n".join(lines) + "\n"
+        return decode_report.markdown(self.results)
 
-    def plot(self, path: str):
-        try:
-            import matplotlib
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except Exception:  # noqa: BLE001
-            return False
-        labels, values = [], []
-        for plen_s, pr in self.results["prompts"].items():
-            loops = pr.get("loops", {})
-            if "ar" in loops:
-                labels.append(f"ours AR\nL={plen_s}")
-                values.append(loops["ar"]["decode_ms_per_token"])
-                labels.append(f"AR floor\nL={plen_s}")
-                values.append(loops["ar"].get("floor_ms", 0.0))
-            for m in [m for m in loops if m != "ar"]:
-                if m in loops and "projected_ms_per_token" in loops[m]:
-                    labels.append(f"{m} @tau6\nL={plen_s}")
-                    values.append(loops[m]["projected_ms_per_token"]["6"])
-            for mode in ("static", "static_eager", "dynamic"):
-                m = (self.results["hf"].get(plen_s) or {}).get(mode) or {}
-                if m.get("ms_per_token"):
-                    labels.append(f"HF {mode}\nL={plen_s}")
-                    values.append(m["ms_per_token"])
-        if not values:
-            return False
-        fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(values)), 4))
-        ax.bar(range(len(values)), values, color="tab:blue")
-        ax.set_xticks(range(len(values)), labels, fontsize=7)
-        ax.set_ylabel("ms / token")
-        ax.set_title(f"decode, {self.results['device']['kind']}, batch 1")
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        return True
+    def plot(self, path: str) -> bool:
+        return decode_report.plot(self.results, path)
 
     def save(self):
         os.makedirs(self.args.out, exist_ok=True)
@@ -944,175 +735,8 @@ class Bench:
         log(f"wrote {self.paths[0]} and {self.paths[1]}")
 
 
-# --------------------------------------------------------------------------- HF worker
-
-def hf_worker(args) -> None:
-    """Child process: HF generate (dynamic, then static cache); results to ``args.hf_worker``.
-
-    Random bf16 weights without any CPU-side init: the model is built on the meta device,
-    materialised uninitialised on the target device (``to_empty``), and each parameter is
-    filled in place (norm weights 1, everything else N(0, 0.02)); the RoPE module, whose
-    non-persistent buffers ``to_empty`` leaves as garbage, is rebuilt. Every failure is
-    written to the result file as ``error`` (with the phase and traceback) and the process
-    exits non-zero; the parent enforces the wall-clock limit."""
-    payload = json.loads(os.environ["BENCH_HF_PAYLOAD"])
-    out_path = args.hf_worker
-    result: dict = {"prompt_len": payload["prompt_len"], "new_tokens": payload["new_tokens"]}
-    phase = "start"
-
-    def save():
-        tmp = out_path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(result, f, indent=1, default=str)
-        os.replace(tmp, out_path)
-
-    def say(msg):
-        print(f"[hf {time.perf_counter() - T_START:6.1f}s] {msg}", flush=True)
-
-    try:
-        phase = "import torch/transformers"
-        t0 = time.perf_counter()
-        import torch
-        import transformers
-        result["import_s"] = time.perf_counter() - t0
-        phase = "device check"
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        if device == "cpu" and not payload["tiny"]:
-            raise RuntimeError("torch sees no CUDA device (torch.cuda.is_available() is False; "
-                               f"torch {torch.__version__}, built for CUDA {torch.version.cuda})")
-        result.update(torch=torch.__version__, transformers=transformers.__version__,
-                      device=torch.cuda.get_device_name(0) if device == "cuda" else "cpu")
-        sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-
-        phase = "config"
-        raw = dict(payload["config"])
-        raw.pop("architectures", None)
-        raw.pop("model_type", None)
-        config = transformers.Qwen3Config(**raw)
-        config._attn_implementation = "sdpa"
-
-        phase = "build model (meta)"
-        t0 = time.perf_counter()
-        with torch.device("meta"):
-            model = transformers.Qwen3ForCausalLM(config)
-        model = model.to(torch.bfloat16)
-        n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        result["param_bytes"] = int(n_bytes)
-        if device == "cuda":
-            free, total = torch.cuda.mem_get_info()
-            result["cuda_free_bytes"] = int(free)
-            if free < 1.15 * n_bytes:
-                raise RuntimeError(
-                    f"not enough free GPU memory for the HF model: {free / 1e9:.1f} GB free of "
-                    f"{total / 1e9:.1f} GB, weights need {n_bytes / 1e9:.1f} GB (the parent JAX "
-                    f"process holds XLA_PYTHON_CLIENT_MEM_FRACTION="
-                    f"{os.environ.get('XLA_PYTHON_CLIENT_MEM_FRACTION')})")
-
-        phase = "materialise + random fill"
-        model = model.to_empty(device=device)
-        with torch.no_grad():
-            for _name, param in model.named_parameters():
-                if param.dim() == 1:
-                    param.fill_(1.0)
-                else:
-                    param.normal_(0.0, 0.02)
-            # to_empty left RoPE's non-persistent buffers (inv_freq) uninitialised: rebuild
-            rebuilt = []
-            for mod_name, mod in list(model.named_modules()):
-                if not type(mod).__name__.endswith("RotaryEmbedding"):
-                    continue
-                # built on the CPU, then moved (the `device` argument is deprecated in
-                # transformers 5.17 and gone in later versions)
-                fresh = type(mod)(config=config).to(device)
-                parent_name, _, attr = mod_name.rpartition(".")
-                setattr(model.get_submodule(parent_name) if parent_name else model, attr, fresh)
-                rebuilt.append(mod_name)
-            if not rebuilt:
-                raise RuntimeError("found no *RotaryEmbedding module to rebuild after to_empty")
-            result["rebuilt_modules"] = rebuilt
-        model.eval()
-        model.generation_config.eos_token_id = None
-        model.generation_config.pad_token_id = 0
-        sync()
-        result["init_s"] = time.perf_counter() - t0
-        plen, new = payload["prompt_len"], payload["new_tokens"]
-        vocab = config.vocab_size
-
-        phase = "sanity forward"
-        gen = torch.Generator().manual_seed(0)
-        prompts = [torch.randint(0, min(vocab, 150000), (1, plen), generator=gen).to(device)
-                   for _ in range(4)]
-        with torch.no_grad():
-            logits = model(prompts[0][:, :8]).logits
-        sync()
-        if not bool(torch.isfinite(logits).all()):
-            raise RuntimeError("non-finite logits from the randomly initialised HF model")
-        result["sanity_logits_std"] = float(logits.float().std())
-        say(f"model ready on {device} in {result['init_s']:.1f}s "
-            f"({n_bytes / 1e9:.2f} GB bf16; import {result['import_s']:.1f}s)")
-        save()
-    except BaseException as e:  # noqa: BLE001
-        result["error"] = f"{phase}: {e!r}"
-        result["traceback"] = traceback.format_exc()[-3000:]
-        say(f"FAILED in {phase}: {e!r}")
-        traceback.print_exc()
-        save()
-        sys.exit(1)
-
-    def one(ids, cache_impl, max_new, disable_compile=False):
-        kwargs = dict(max_new_tokens=max_new, min_new_tokens=max_new, do_sample=False,
-                      attention_mask=torch.ones_like(ids), pad_token_id=0)
-        if cache_impl:
-            kwargs["cache_implementation"] = cache_impl
-        if disable_compile:
-            kwargs["disable_compile"] = True
-        sync()
-        t = time.perf_counter()
-        with torch.no_grad():
-            out = model.generate(ids, **kwargs)
-        sync()
-        return time.perf_counter() - t, out.shape[1] - ids.shape[1]
-
-    def measure(mode, cache_impl, warm_new, reps, disable_compile=False):
-        entry: dict = {"cache": cache_impl or "dynamic", "disable_compile": disable_compile}
-        try:
-            t_warm, _ = one(prompts[0], cache_impl, warm_new, disable_compile)
-            entry["warmup_s"] = t_warm
-            entry["compiled"] = getattr(model, "_compiled_call", None) is not None
-            say(f"{mode}: warm-up {t_warm:.1f}s (compiled forward: {entry['compiled']})")
-            runs = []
-            for r in range(reps):
-                dt, n = one(prompts[1 + r % 3], cache_impl, new, disable_compile)
-                runs.append({"s": dt, "new_tokens": int(n)})
-                say(f"{mode}: {1e3 * dt / max(n, 1):.2f} ms/token ({n} tokens)")
-            entry["runs"] = runs
-            entry["ms_per_token"] = statistics.median(1e3 * x["s"] / max(x["new_tokens"], 1)
-                                                      for x in runs)
-        except Exception as e:  # noqa: BLE001
-            entry["error"] = repr(e)
-            entry["traceback"] = traceback.format_exc()[-3000:]
-            say(f"{mode} failed: {e!r}")
-        result[mode] = entry
-        save()
-        return entry
-
-    # dynamic first, then static (on CUDA its first call torch.compiles the forward:
-    # 'reduce-overhead', CUDA graphs); if that fails, static without compile. The dynamic
-    # warm-up runs the full length: on the H200 a 16-token warm-up left the first full run
-    # at 62 ms/token against 29 for the second (the caching allocator growing with the cache)
-    measure("dynamic", None, new, 3)
-    static = measure("static", "static", new, 3)
-    if static.get("error") and device == "cuda":
-        measure("static_eager", "static", new, 2, disable_compile=True)
-    result["done"] = True
-    save()                        # the process exits next, returning its GPU memory
-
-
 def main():
     args = ARGS if ARGS is not None else parse_args()
-    if args.hf_worker:
-        hf_worker(args)
-        return
     bench = Bench(args)
 
     def on_term(signum, _frame):          # `timeout` sends SIGTERM: keep what we have

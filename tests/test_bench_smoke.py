@@ -66,6 +66,27 @@ def test_bench_decode_tiny(tmp_path):
     assert plain["ms"] > 0 and "floor_ms" in plain and plain["same_drafts"] is True
 
 
+@pytest.mark.slow
+def test_bench_decode_tiny_with_hf_baseline(tmp_path):
+    """The Hugging Face worker (``hf_generate_worker.py``, a child process) on the CPU: both
+    cache modes measured and compared with our AR in the report."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--tiny", "--methods", "ar", "--prompt-lens", "16",
+         "--new-tokens", "8", "--forced-taus", "", "--out", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (path,) = glob.glob(str(tmp_path / "decode_*.json"))
+    with open(path) as f:
+        res = json.load(f)
+    hf = res["hf"]["16"]
+    assert hf.get("done") and not hf.get("error"), hf
+    for mode in ("dynamic", "static"):
+        assert hf[mode]["ms_per_token"] > 0 and hf[mode]["hf_over_ours_generate"] > 0, mode
+    with open(path[:-5] + ".md") as f:
+        assert "HF generate static cache" in f.read()
+
+
 def _run_tiny(script: str, out) -> dict:
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
     proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", script), "--tiny",
