@@ -422,11 +422,13 @@ def test_sampled_rollout_uses_keys():
     base = jnp.zeros((2, SMALL.k_draft, SMALL.vocab_size), jnp.float32)
     table = jnp.asarray(rng.standard_normal((SMALL.vocab_size, SMALL.hidden_size)), jnp.float32)
     sample = lambda logits, key: jax.random.categorical(key, logits, axis=-1)
-    rollout = jax.jit(lambda key: domino_head.rollout(params["head"], SMALL, hidden, base,
-                                                      table[:2], table, sample, key)[0])
-    first, again, other = (rollout(jax.random.PRNGKey(s)) for s in (0, 0, 1))
+    rollout = jax.jit(lambda head, key: domino_head.rollout(head, SMALL, hidden, base,
+                                                            table[:2], table, sample, key)[0])
+    first, again, other = (rollout(params["head"], jax.random.PRNGKey(s)) for s in (0, 0, 1))
     np.testing.assert_array_equal(first, again)
     assert not np.array_equal(first, other)
+    for head in head_layouts(params["head"], table)[1:]:   # the decode layouts sample alike
+        np.testing.assert_array_equal(rollout(head, jax.random.PRNGKey(0)), first)
 
 
 # --------------------------------------------------------------------------- real shapes

@@ -18,7 +18,6 @@ Indexing (algorithms.md §3.2): both draft K = ``k_draft`` positions: all B slot
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -160,7 +159,3 @@ class ChainDrafter:
         else:
             log_q = one_hot_log_probs(drafts, logits.shape[-1])
         return drafts, log_q, draft_cache
-
-
-def param_dtype_cast(params: Any, dtype) -> Any:
-    return jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
