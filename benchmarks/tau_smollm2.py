@@ -7,6 +7,7 @@ Domino checkpoint's base logits, argmax), domino (chain), ddtree and dominotree 
 budgets; T = 0 and T = 1. Writes ``tau_smollm2_<date>.{json,md}`` into ``--out``.
 
     python benchmarks/tau_smollm2.py [--prompts 16] [--max-new-tokens 96] [--budgets 8,16,32,64]
+        [--methods ar,dflash,domino,ddtree,dominotree]
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--budgets", default="8,16,32,64")
     p.add_argument("--temperatures", default="0,1")
+    p.add_argument("--methods", default="ar,dflash,domino,ddtree,dominotree",
+                   help="comma list (tree methods run at every --budgets entry)")
     p.add_argument("--git-commit", default=None, help="default: git rev-parse HEAD")
     p.add_argument("--out", default=os.environ.get("OUT") or os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "results"))
@@ -51,9 +54,14 @@ def main() -> None:
     tokenizer = load_tokenizer(target_dir)
     prompts = [q for q in build_prompts(4000, seed=123) if is_eval_prompt(q)][:args.prompts]
     ids = [chat_ids(tokenizer, q) for q in prompts]
-    methods = [("ar", {}), ("dflash", {}), ("domino", {})]
+    wanted = [m.strip() for m in args.methods.split(",") if m.strip()]
+    known = ("ar", "dflash", "domino", "ddtree", "dominotree")
+    unknown = [m for m in wanted if m not in known]
+    if unknown:
+        raise SystemExit(f"--methods: unknown {unknown}; known: {', '.join(known)}")
+    methods = [(m, {}) for m in ("ar", "dflash", "domino") if m in wanted]
     for b in [int(x) for x in args.budgets.split(",")]:
-        methods += [("ddtree", dict(budget=b)), ("dominotree", dict(budget=b))]
+        methods += [(m, dict(budget=b)) for m in ("ddtree", "dominotree") if m in wanted]
     rows = []
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M%S")
 
