@@ -44,7 +44,7 @@ def main() -> None:
     from domino_jax.config import QWEN3_8B_DOMINO_DRAFT
     from domino_jax.decode import tree as tree_lib
     from domino_jax.decode import tree_frontier
-    from domino_jax.models.domino_head import init_head_params
+    from domino_jax.models.domino_head import init_head_params, root_gru_state
     from domino_jax.models.fused_layout import head_decode_params
 
     cfg = QWEN3_8B_DOMINO_DRAFT
@@ -59,7 +59,7 @@ def main() -> None:
     hidden = jax.random.normal(keys[1], (k, h), dtype)
     base = (4.0 * jax.random.normal(keys[2], (k, v), jnp.float32)).astype(dtype)
     embed = (0.02 * jax.random.normal(keys[3], (v, h), jnp.float32)).astype(dtype)
-    root_state = tree_lib.root_gru_state(head, embed[7])
+    root_state = root_gru_state(head, embed[7])
     decode_head = head_decode_params(head, embed)          # + [V, 3G] GRU input table
 
     def timed(fn, *xs):

@@ -25,9 +25,9 @@ from converters.hf_target import load_target
 from domino_jax.config import DraftConfig
 from domino_jax.decode.tree import (DraftTree, build_ddtree, build_ddtree_batched,
                                     build_dominotree, build_dominotree_batched,
-                                    root_gru_state, tree_attention_mask, tree_positions)
+                                    tree_attention_mask, tree_positions)
 from domino_jax.decode.tree_frontier import frontier_ddtree, frontier_dominotree
-from domino_jax.models.domino_head import correction
+from domino_jax.models.domino_head import correction, root_gru_state
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "reference")
 SCORE_TOL = 1e-5

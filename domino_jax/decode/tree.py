@@ -44,8 +44,8 @@ import jax
 import jax.numpy as jnp
 
 from domino_jax.config import DraftConfig
-from domino_jax.models.domino_head import (_matmul, _split_w1, gru_input_gates,
-                                           gru_step_from_gates, token_input_gates)
+from domino_jax.models.domino_head import (_matmul, _split_w1, gru_step_from_gates,
+                                           token_input_gates)
 from domino_jax.topk import top_k
 
 
@@ -198,14 +198,6 @@ def build_ddtree_batched(draft_logits: jax.Array, budget: int) -> DraftTree:
 # DominoTree (§5.3-5.4)
 
 
-def root_gru_state(head_params: dict[str, Any], root_embed: jax.Array) -> jax.Array:
-    """GRU state after the root token only (§5.2): one step from zeros. ``root_embed [..., H]``
-    -> ``[..., G]`` (dtype of ``root_embed``)."""
-    g = head_params["prefix_gru"]["weight_hh"].shape[0]
-    zeros = jnp.zeros(root_embed.shape[:-1] + (g,), root_embed.dtype)
-    return gru_step_from_gates(head_params, gru_input_gates(head_params, root_embed), zeros)
-
-
 def dominotree_scorer(head_params: dict[str, Any], draft_config: DraftConfig,
                       draft_hidden: jax.Array, base_logits: jax.Array, node_topk: int = 8,
                       topm: int = 64, marginal: bool = False):
@@ -290,7 +282,7 @@ def build_dominotree(head_params: dict[str, Any], draft_config: DraftConfig,
       draft_hidden: ``[K, H]`` draft hidden states in draft-index order (the caller drops block
         slot 0 when ``shift_label`` is false). Depth limit = ``K``.
       base_logits: ``[K, V]`` target LM head on ``draft_hidden``.
-      root_state: ``[G]`` GRU state after the root token (see :func:`root_gru_state`).
+      root_state: ``[G]`` GRU state after the root token (see :func:`domino_jax.models.domino_head.root_gru_state`).
       embed_table: ``[V, H]`` target embedding table (GRU inputs of draft tokens).
       budget: ``N`` nodes (root excluded), static. node_topk: children per expansion.
       topm: ``M`` > 0: correction on the top-M base candidates of each depth, renormalised

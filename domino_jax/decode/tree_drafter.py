@@ -25,6 +25,7 @@ from domino_jax.decode import tree as tree_lib
 from domino_jax.decode import tree_frontier
 from domino_jax.decode.drafters import ChainDrafter
 from domino_jax.decode.sampling import target_log_probs
+from domino_jax.models import domino_head
 
 
 def walk_tree(tree_tokens, tree_parents, tree_valid, samples, max_depth: int):
@@ -101,7 +102,7 @@ class TreeDrafter(ChainDrafter):
         head = draft_params["head"]
         embed_table = target_params["embed_tokens"]["embedding"]
         root_embed = self._embed(target_params, root).astype(hidden.dtype)
-        root_state = tree_lib.root_gru_state(head, root_embed)            # after [root]
+        root_state = domino_head.root_gru_state(head, root_embed)         # after [root]
         build = lambda h, b, s: build_dominotree(
             head, self.config, h, b, s, embed_table, self.budget, node_topk=self.node_topk,
             topm=self.topm)

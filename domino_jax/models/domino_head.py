@@ -114,6 +114,12 @@ def token_input_gates(head_params: HeadParams, embed_table: jax.Array, tokens: j
     return gru_input_gates(head_params, embed_table[tokens].astype(dtype))
 
 
+def state_kernels(head_params: HeadParams) -> tuple[jax.Array, jax.Array]:
+    """The two kernels the GRU state multiplies: ``(W1_s [G, E], W_hh [G, 3G])``."""
+    hidden_size = head_params["prefix_gru"]["weight_ih"].shape[0]
+    return _split_w1(head_params, hidden_size)[1], head_params["prefix_gru"]["weight_hh"]
+
+
 def state_products(head_params: HeadParams, state: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``(state W1_s [..., E], state W_hh [..., 3G])``, float32, for ``state [..., G]``.
 
@@ -124,9 +130,18 @@ def state_products(head_params: HeadParams, state: jax.Array) -> tuple[jax.Array
         both = _matmul(state, head_params["state_proj"]["kernel"])
         emb_dim = head_params["embed_proj_0"]["kernel"].shape[1]
         return both[..., :emb_dim], both[..., emb_dim:]
+    w1_s, w_hh = state_kernels(head_params)
+    return _matmul(state, w1_s), _matmul(state, w_hh)
+
+
+def root_gru_state(head_params: HeadParams, root_embed: jax.Array) -> jax.Array:
+    """GRU state after the root token only: one step from the zero state (whose hidden gates
+    are zero, so no ``W_hh`` product). ``root_embed [..., H]`` -> ``[..., G]`` (its dtype)."""
     g = head_params["prefix_gru"]["weight_hh"].shape[0]
-    w1_s = head_params["embed_proj_0"]["kernel"][-g:]
-    return _matmul(state, w1_s), _matmul(state, head_params["prefix_gru"]["weight_hh"])
+    batch = root_embed.shape[:-1]
+    return gru_update(gru_input_gates(head_params, root_embed),
+                      jnp.zeros(batch + (3 * g,), jnp.float32),
+                      jnp.zeros(batch + (g,), root_embed.dtype))
 
 
 def gru_cell(head_params: HeadParams, x: jax.Array, state: jax.Array) -> jax.Array:
@@ -242,10 +257,7 @@ def rollout(head_params: HeadParams, config: DraftConfig, draft_hidden: jax.Arra
         cand_logits, cand = top_k(base, m)                                # [B, K, M] int32
         w2_cand = jnp.moveaxis(w2[:, cand], 0, -1)                        # [B, K, M, E]
         cand_gates = token_input_gates(head_params, embed_table, cand, act_dtype)
-    g = head_params["prefix_gru"]["weight_hh"].shape[0]
-    state = gru_update(gru_input_gates(head_params, root_embed.astype(act_dtype)),
-                       jnp.zeros((batch, 3 * g), jnp.float32),
-                       jnp.zeros((batch, g), act_dtype))                  # after [root]
+    state = root_gru_state(head_params, root_embed.astype(act_dtype))    # after [root]
     keys = jax.random.split(rng_key, num_drafts)
     tokens, logits, pooled = [], [], []
     for i in range(num_drafts):

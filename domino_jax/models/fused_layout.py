@@ -97,20 +97,17 @@ def head_decode_params(head_params: dict, embed_table: Any, input_table: bool = 
     ``input_table=False`` adds only ``state_proj`` (no ``[V, 3G]`` table). Raises
     ``ValueError`` when the head already has decode leaves or the shapes disagree.
     """
-    from domino_jax.models.domino_head import gru_input_table
+    from domino_jax.models.domino_head import gru_input_table, state_kernels
 
     present = sorted({"state_proj", "gru_input_table"} & set(head_params))
     if present:
         raise ValueError(f"head params already in the decode layout (has {present})")
     w_ih = head_params["prefix_gru"]["weight_ih"]
-    w_hh = head_params["prefix_gru"]["weight_hh"]
-    w1 = head_params["embed_proj_0"]["kernel"]
-    g = w_hh.shape[0]
     if tuple(embed_table.shape[1:]) != (w_ih.shape[0],):
         raise ValueError(f"embed_table {tuple(embed_table.shape)} does not fit the head's "
                          f"prefix_gru/weight_ih {tuple(w_ih.shape)} (hidden size)")
     out = dict(head_params)
-    out["state_proj"] = {"kernel": _concat([w1[w1.shape[0] - g:], w_hh])}     # [G, E + 3G]
+    out["state_proj"] = {"kernel": _concat(list(state_kernels(head_params)))}  # [G, E + 3G]
     if input_table:
         out["gru_input_table"] = jax.jit(gru_input_table)(
             head_params, jnp.asarray(embed_table).astype(w_ih.dtype))
