@@ -28,6 +28,7 @@ from domino_jax.decode.tree import (DraftTree, build_ddtree, build_ddtree_batche
                                     tree_attention_mask, tree_positions)
 from domino_jax.decode.tree_frontier import frontier_ddtree, frontier_dominotree
 from domino_jax.models.domino_head import correction, root_gru_state
+from domino_jax.models.fused_layout import head_decode_params
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "reference")
 SCORE_TOL = 1e-5
@@ -173,6 +174,21 @@ _JITTED = {name: (jax.jit(dd, static_argnums=1), jax.jit(dom, static_argnums=(1,
            for name, (dd, dom) in BUILDERS.items()}
 
 
+def _with_decode_head(build):
+    """``build`` on the head in its decode layout (``[W1_s | W_hh]`` and the GRU input table,
+    what ``load_pair`` gives): the frontier then carries each lane's state product."""
+    def wrapped(head, config, hid, base, root_state, embed, *args):
+        return build(head_decode_params(head, embed), config, hid, base, root_state, embed,
+                     *args)
+    return wrapped
+
+
+for _name, (_, _dom) in BUILDERS.items():
+    _JITTED[f"{_name}_decode_head"] = (None, jax.jit(_with_decode_head(_dom),
+                                                      static_argnums=(1, 6, 7, 8, 9)))
+DOMINOTREE_BUILDERS = list(_JITTED)          # both families, both head layouts
+
+
 @pytest.mark.parametrize("builder", BUILDERS)
 def test_ddtree_fixture(builder):
     z = _fixture("dflash")
@@ -189,7 +205,7 @@ def test_ddtree_fixture(builder):
     assert_tree_equals(tree, nodes, budget)
 
 
-@pytest.mark.parametrize("builder", BUILDERS)
+@pytest.mark.parametrize("builder", DOMINOTREE_BUILDERS)
 @pytest.mark.parametrize("name", ["domino_shift", "domino_noshift"])
 def test_dominotree_fixture(name, builder):
     z = _fixture(name)
@@ -267,7 +283,7 @@ def test_ddtree_random_matches_host(seed, builder):
     assert_tree_equals(tree, nodes, budget)
 
 
-@pytest.mark.parametrize("builder", BUILDERS)
+@pytest.mark.parametrize("builder", DOMINOTREE_BUILDERS)
 @pytest.mark.parametrize("seed", range(24))
 def test_dominotree_random_matches_host(seed, builder):
     budget = 1 + (7 * seed) % 20

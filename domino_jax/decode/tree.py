@@ -207,7 +207,8 @@ def dominotree_scorer(head_params: dict[str, Any], draft_config: DraftConfig,
     base candidates ``cand[d]``, their base logits and their float32 ``W2`` rows. Returns
     ``(children, ntop)`` where ``children(states [..., G], d) -> (tokens [..., ntop] int32,
     log_probs [..., ntop] float32)`` gives the top-``ntop`` children at depth ``d`` (clamped
-    to ``K - 1``; static or traced) of nodes whose GRU states are ``states``:
+    to ``K - 1``; static or traced) of nodes whose GRU states are ``states``
+    (``children(states, d, state_w1)`` takes ``states @ W1_s [..., E]`` float32 precomputed):
 
     * ``d < P`` (``pure_draft_prefix_len``) or ``marginal``: top of the full-vocab
       ``log_softmax(base[d])``, the same for every state;
@@ -238,14 +239,16 @@ def dominotree_scorer(head_params: dict[str, Any], draft_config: DraftConfig,
             bc, cand = top_vals[:, :m], top_ids[:, :m]                 # [K, M]
             w2c = jnp.moveaxis(w2[:, cand], 0, -1).astype(jnp.float32)  # [K, M, E]
 
-    def children(states, d):
+    def children(states, d, state_w1=None):
         d = jnp.minimum(d, k_depth - 1)
         batch = states.shape[:-1]
         from_base = (jnp.broadcast_to(base_tok[d], batch + (ntop,)),
                      jnp.broadcast_to(base_lp[d], batch + (ntop,)))
         if marginal:
             return from_base
-        pre = z_proj[d] + _matmul(states.astype(act), w1_s)
+        if state_w1 is None:
+            state_w1 = _matmul(states.astype(act), w1_s)
+        pre = z_proj[d] + state_w1
         u = jax.nn.silu(pre).astype(jnp.float32)                      # [..., E]
         if m > 0:
             c = bc[d] + jnp.einsum("me,...e->...m", w2c[d], u)
