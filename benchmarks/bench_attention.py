@@ -14,7 +14,9 @@ over ``--layers`` distinct cache layers (so nothing stays in L2), inside a ``for
 * ``dpa_xla`` / ``dpa_cudnn``: ``jax.nn.dot_product_attention`` with the XLA and the cuDNN
   implementations (a failure is reported, not raised);
 * ``split_k128`` / ``split_k256``: flash-decoding's split of the keys into chunks, the
-  ``P V`` product batched over chunks (contexts must be multiples of the chunk).
+  ``P V`` product batched over chunks (contexts must be multiples of the chunk);
+* ``pallas``: the library's split-K Pallas kernel (``pallas/cache_attention.py``; contexts
+  must be multiples of 16; it skips the chunks past the last visible slot).
 
 Rows: queries ``T`` in ``--queries`` x context ``S`` in ``--contexts``; us per layer, median
 of ``--reps`` calls.
@@ -40,6 +42,7 @@ def variants():
     import jax.numpy as jnp
 
     from domino_jax.models.layers import MASK_VALUE, attend_reference
+    from domino_jax.pallas.cache_attention import cache_attention
 
     def heads_major(q, k, v, visible):            # k, v [B, nKV, S, D]
         b, t, nh, d = q.shape
@@ -91,7 +94,7 @@ def variants():
     return {"ours": (attend_reference, False), "heads_major": (heads_major, True),
             "bias": (bias, False), "dpa_xla": (dpa("xla"), False),
             "dpa_cudnn": (dpa("cudnn"), False), "split_k128": (split_k(128), False),
-            "split_k256": (split_k(256), False)}
+            "split_k256": (split_k(256), False), "pallas": (cache_attention, False)}
 
 
 def main() -> None:

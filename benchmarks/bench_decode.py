@@ -46,6 +46,7 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from child_process import run_streaming  # noqa: E402
+from domino_jax.pallas import ATTENTION_IMPLEMENTATIONS  # noqa: E402 (imports no jax)
 
 T_START = time.perf_counter()
 TAUS = (4, 6, 8)
@@ -85,6 +86,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--layout", choices=("fused", "unfused"), default="fused",
                    help="parameter layout of target and drafter: fused q/k/v and gate/up (the "
                         "decode default, models/fused_layout.py) or the checkpoint's")
+    p.add_argument("--attention", default="auto", choices=ATTENTION_IMPLEMENTATIONS,
+                   help="attention over the KV caches (models.layers.attend): 'auto' = the "
+                        "Pallas kernel on a GPU, as load_pair and the decode CLI default")
     p.add_argument("--git-commit", default=None, help="recorded when .git is absent")
     args = p.parse_args(argv)
     if args.prompt_lens is None:
@@ -132,6 +136,7 @@ from domino_jax.decode import speculative  # noqa: E402
 from domino_jax.decode.drafters import ChainDrafter  # noqa: E402
 from domino_jax.decode.sampling import target_log_probs  # noqa: E402
 from domino_jax.decode.speculative import DecodeConfig, generate  # noqa: E402
+from domino_jax.kv_cache import align_slots  # noqa: E402
 from domino_jax.models import dflash, domino_head, qwen3  # noqa: E402
 from domino_jax.models.fused_layout import head_decode_params  # noqa: E402
 from domino_jax.models.qwen3 import TargetLM  # noqa: E402
@@ -237,7 +242,8 @@ class Bench:
             self.domino_cfg = dataclasses.replace(self.domino_cfg, fused_projections=True)
         self.results["layout"] = a.layout
         self.dflash_cfg = dflash_config_of(self.domino_cfg)
-        self.target = TargetLM(self.tcfg)
+        self.target = TargetLM(self.tcfg, attention_impl=a.attention)
+        self.results["attention"] = a.attention
         t0 = time.perf_counter()
         init: dict = {}
         self.tp = random_params(qwen3.param_shapes(self.tcfg), 0)
@@ -384,7 +390,7 @@ class Bench:
         config = self.decode_config(method)
         prompt, prompt_len = speculative.pad_prompts([random_prompt(plen, self.tcfg.vocab_size, 7)])
         k = drafter.num_drafts if drafter is not None else 0
-        capacity = speculative.required_capacity(plen, config, k)
+        capacity = align_slots(speculative.required_capacity(plen, config, k))
         key = jax.random.PRNGKey(0)
         prefill_fn, _, _ = speculative._compiled(self.target, drafter, config, self.tp, dp,
                                                  prompt, prompt_len, key, capacity)
@@ -573,7 +579,7 @@ class Bench:
 
         needed = speculative.required_capacity(plen, self.decode_config(method), k)
         # a distinct static config forces a fresh trace under the patch
-        config = self.decode_config(method, capacity=needed + tau)
+        config = self.decode_config(method, capacity=align_slots(needed + tau))
         original = speculative.verify_match
         speculative.verify_match = forced_match
         try:

@@ -20,6 +20,16 @@ import jax
 import jax.numpy as jnp
 
 
+SLOT_ALIGN = 64   # default capacities are multiples of this (the attention kernel's key chunk)
+
+
+def align_slots(slots: int, multiple: int = SLOT_ALIGN) -> int:
+    """``slots`` rounded up to a multiple of ``multiple``: cache capacities chosen by the
+    library (not by the user) are aligned so the Pallas attention kernel
+    (:mod:`domino_jax.pallas.cache_attention`) reads whole 64-slot chunks."""
+    return -(-int(slots) // multiple) * multiple
+
+
 @flax.struct.dataclass
 class KVCache:
     keys: jax.Array      # [L, B, C, nKV, D]

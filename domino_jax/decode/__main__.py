@@ -18,6 +18,8 @@ import logging
 import os
 import sys
 
+from domino_jax.pallas import ATTENTION_IMPLEMENTATIONS
+
 DEFAULT_PROMPT = "Explain in three sentences why the sky is blue."
 log = logging.getLogger("domino_jax.decode")
 
@@ -46,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="domino, dominotree: do not precompute the [V, 3G] float32 GRU input "
                         "table (saves 12 V G bytes, 1.87 GB for Qwen3-8B; each head step then "
                         "multiplies by W_ih instead of gathering a row)")
+    p.add_argument("--attention", default="auto", choices=ATTENTION_IMPLEMENTATIONS,
+                   help="attention over the KV cache: 'auto' (default: the Pallas split-K "
+                        "kernel on a GPU, XLA elsewhere), 'xla', 'reference' (einsum), "
+                        "'pallas' (fail if unavailable), 'pallas_interpret' (CPU, slow)")
     p.add_argument("--tree-builder", default="frontier", choices=("frontier", "heap"),
                    help="tree methods: 'frontier' (one batched step per depth, default) or "
                         "'heap' (one pop per node); both build the same tree")
@@ -110,7 +116,7 @@ def _run(args) -> int:
                             builder=args.tree_builder))
     target, target_params, drafter, draft_params = load_pair(
         target_dir, draft_dir if method != "ar" else None, method, dtype,
-        head_input_table=args.head_input_table, **drafter_options)
+        head_input_table=args.head_input_table, attention=args.attention, **drafter_options)
     tokenizer = load_tokenizer(target_dir)
 
     texts = list(args.prompt or [])

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from domino_jax.config import DraftConfig
+from domino_jax.kv_cache import align_slots
 from domino_jax.models import dflash, domino_head
 from domino_jax.models.qwen3 import TargetLM, TargetOutput
 
@@ -52,7 +53,8 @@ class ChainDrafter:
     @property
     def backbone(self) -> dflash.DFlashBackbone:
         return dflash.DFlashBackbone(self.config, dtype=self.target.dtype,
-                                     param_dtype=self.target.param_dtype)
+                                     param_dtype=self.target.param_dtype,
+                                     attention_impl=self.target.attention_impl)
 
     is_tree = False
 
@@ -83,7 +85,7 @@ class ChainDrafter:
 
     def _cache(self, batch: int, capacity: int):
         # prompt context + one round of (context rows + block) scratch
-        slots = capacity + self.max_commit + self.config.block_size
+        slots = align_slots(capacity + self.max_commit + self.config.block_size)
         return dflash.new_draft_cache(self.config, batch, slots, self.target.dtype)
 
     def _embed(self, target_params, tokens):

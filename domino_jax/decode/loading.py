@@ -33,7 +33,8 @@ def default_models(target: str | None, draft: str | None) -> tuple[str, str | No
 
 
 def load_pair(target_dir: str, draft_dir: str | None, method: str, dtype=jnp.bfloat16,
-              fused: bool = True, head_input_table: bool = True, **drafter_options):
+              fused: bool = True, head_input_table: bool = True, attention: str = "auto",
+              **drafter_options):
     """``(target_module, target_params, drafter | None, draft_params | None)``.
 
     ``drafter_options`` are fields of the drafter: ``head_topm`` (Domino chain candidate pool),
@@ -48,12 +49,16 @@ def load_pair(target_dir: str, draft_dir: str | None, method: str, dtype=jnp.bfl
     float32 GRU input table (``12 V G`` bytes: 1.87 GB for a Qwen3-8B Domino head, 151 MB for
     the SmolLM2 demo drafter).
 
+    ``attention``: how both models attend over their KV caches
+    (:func:`domino_jax.models.layers.attend`; ``"auto"``: the Pallas kernel on a GPU).
+
     The drafter is checked against the target (hidden size, vocab, layer ids, mask id)
     before any weights are read.
     """
     from converters.hf_draft import load_draft
     from converters.hf_target import load_target
     from domino_jax.models.fused_layout import fuse_model, head_decode_params
+    from domino_jax.pallas import ATTENTION_IMPLEMENTATIONS
     from domino_jax.models.qwen3 import TargetLM
 
     target_config = TargetConfig.from_path(target_dir)
@@ -67,7 +72,10 @@ def load_pair(target_dir: str, draft_dir: str | None, method: str, dtype=jnp.bfl
     target_config, target_params = load_target(target_dir, dtype)
     if fused:
         target_config, target_params = fuse_model(target_config, target_params)
-    target = TargetLM(target_config, dtype=dtype, param_dtype=dtype)
+    if attention not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(f"unknown attention implementation {attention!r}; choose one of "
+                         f"{ATTENTION_IMPLEMENTATIONS}")
+    target = TargetLM(target_config, dtype=dtype, param_dtype=dtype, attention_impl=attention)
     if draft_dir is not None:
         draft_config, draft_params = load_draft(draft_dir, dtype)
         if fused:

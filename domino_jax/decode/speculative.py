@@ -38,7 +38,7 @@ import numpy as np
 
 from domino_jax.decode.sampling import SamplingConfig, choose, target_log_probs
 from domino_jax.decode.verify import verify_match, verify_rejection
-from domino_jax.kv_cache import KVCache
+from domino_jax.kv_cache import KVCache, align_slots
 from domino_jax.models.qwen3 import TargetLM, new_cache
 
 METHODS = ("ar", "dflash", "domino", "ddtree", "dominotree")
@@ -320,9 +320,10 @@ def _prepare(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
     prompt, prompt_len = pad_prompts(prompts)
     num_drafts = drafter.verify_width - 1 if drafter is not None else 0   # verify rows - root
     needed = required_capacity(int(prompt_len.max()), config, num_drafts)
-    # Default capacity from the bucketed width: one compiled program per bucket.
-    capacity = config.capacity or max(needed, required_capacity(prompt.shape[1], config,
-                                                                 num_drafts))
+    # Default capacity from the bucketed width (one compiled program per bucket), aligned to
+    # whole chunks of the attention kernel.
+    capacity = config.capacity or align_slots(max(
+        needed, required_capacity(prompt.shape[1], config, num_drafts)))
     if needed > capacity:
         raise ValueError(f"prompt of {int(prompt_len.max())} tokens + max_new_tokens "
                          f"{config.max_new_tokens} (+{num_drafts + 1} verify slack) needs "

@@ -81,13 +81,15 @@ class DFlashBackbone(nn.Module):
     config: DraftConfig
     dtype: Dtype = jnp.bfloat16
     param_dtype: Dtype = jnp.bfloat16
+    attention_impl: str = "xla"     # attention over the KV cache: models.layers.attend
 
     def setup(self):
         c = self.config
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
         self.fc = nn.Dense(c.hidden_size, use_bias=False, **kw)
         self.hidden_norm = RMSNorm(c.rms_norm_eps, **kw)
-        self.layers = [DraftLayer(c, **kw) for _ in range(c.num_layers)]
+        self.layers = [DraftLayer(c, attention_impl=self.attention_impl, **kw)
+                       for _ in range(c.num_layers)]
         self.norm = RMSNorm(c.rms_norm_eps, **kw)
 
     def __call__(self, context_features: jax.Array, context_positions: jax.Array,

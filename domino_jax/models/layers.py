@@ -11,11 +11,14 @@ Conventions (algorithms.md §1.3):
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from domino_jax.pallas import ATTENTION_IMPLEMENTATIONS
 
 Dtype = Any
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: fully masked rows give no NaN
@@ -52,8 +55,18 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array) -> jax.Array:
-    """Grouped-query attention through ``jax.nn.dot_product_attention(implementation="xla")``.
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array,
+           implementation: str = "xla") -> jax.Array:
+    """Grouped-query attention; ``implementation`` picks the code (same maths for all):
+
+    * ``"xla"`` (default): ``jax.nn.dot_product_attention(implementation="xla")``, below;
+    * ``"reference"``: :func:`attend_reference`, the einsum;
+    * ``"pallas"``: the split-K kernel :func:`domino_jax.pallas.cache_attention.cache_attention`
+      (GPU; few query rows over a cache). Fails fast (``ValueError`` naming the reason) on
+      another backend or for shapes it does not take;
+    * ``"pallas_interpret"``: the same kernel in the Pallas interpreter (CPU tests);
+    * ``"auto"``: the kernel on a GPU when it takes the shapes and dtypes, else ``"xla"``
+      (with a warning when a GPU falls back for another reason than a prefill's many rows).
 
     Args:
       q: ``[B, T, nH, D]`` queries (already rotated).
@@ -86,6 +99,27 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array) -> jax.
     The library requires ``q``, ``k`` and ``v`` to share one dtype; mixed dtypes (e.g. float32
     queries over a bf16 cache) go to :func:`attend_reference`, which promotes as before.
     """
+    if implementation not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(f"unknown attention implementation {implementation!r}; choose one of "
+                         f"{ATTENTION_IMPLEMENTATIONS}")
+    if implementation == "reference":
+        return attend_reference(q, k, v, visible)
+    if implementation != "xla":
+        from domino_jax.pallas import cache_attention as kernel
+        reason = kernel.supported(q.shape, k.shape)
+        if not (q.dtype == k.dtype == v.dtype):
+            reason = f"mixed dtypes q {q.dtype}, k {k.dtype}, v {v.dtype}"
+        on_gpu = jax.default_backend() == "gpu"
+        if implementation == "pallas" and not on_gpu:
+            reason = f"the Pallas Triton kernel needs a GPU (backend: {jax.default_backend()})"
+        if reason is None and (on_gpu or implementation == "pallas_interpret"):
+            return kernel.cache_attention(q, k, v, visible,
+                                          interpret=implementation == "pallas_interpret")
+        if implementation != "auto":
+            raise ValueError(f"attention implementation {implementation!r}: {reason}")
+        if on_gpu and not kernel.too_many_rows(q.shape, k.shape):   # prefill: XLA by design
+            warnings.warn(f"attention: the Pallas kernel does not take q {q.shape} over k "
+                          f"{k.shape} ({reason}); using the XLA path", stacklevel=2)
     if not (q.dtype == k.dtype == v.dtype):
         return attend_reference(q, k, v, visible)
     out = jax.nn.dot_product_attention(q, k, v, mask=visible.astype(bool)[:, None],
@@ -213,6 +247,7 @@ class DecoderLayerBase(nn.Module):
     config: Any
     dtype: Dtype = jnp.bfloat16
     param_dtype: Dtype = jnp.bfloat16
+    attention_impl: str = "xla"     # for attention over a KV cache, see :func:`attend`
 
     def setup(self):
         c = self.config
@@ -227,10 +262,15 @@ class DecoderLayerBase(nn.Module):
 
     def finish(self, x, q, k, v, visible, cache, layer_index: int):
         """Write the new ``k, v`` into ``cache`` (if any, reading back the whole layer),
-        attend, add the residual and the MLP: ``-> (x', cache')``."""
+        attend, add the residual and the MLP: ``-> (x', cache')``.
+
+        Attention over a cache uses ``attention_impl``; without a cache (training, cacheless
+        forwards) it is always the XLA path."""
+        implementation = "xla"
         if cache is not None:
             cache = cache.write_layer(layer_index, k, v)
             k, v = cache.keys[layer_index], cache.values[layer_index]
-        x = x + self.self_attn.output(attend(q, k, v, visible))
+            implementation = self.attention_impl
+        x = x + self.self_attn.output(attend(q, k, v, visible, implementation))
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, cache

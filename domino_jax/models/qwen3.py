@@ -53,12 +53,14 @@ class TargetLM(nn.Module):
     config: TargetConfig
     dtype: Dtype = jnp.bfloat16
     param_dtype: Dtype = jnp.bfloat16
+    attention_impl: str = "xla"     # attention over the KV cache: models.layers.attend
 
     def setup(self):
         c = self.config
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
         self.embed_tokens = nn.Embed(c.vocab_size, c.hidden_size, **kw)
-        self.layers = [DecoderLayer(c, **kw) for _ in range(c.num_layers)]
+        self.layers = [DecoderLayer(c, attention_impl=self.attention_impl, **kw)
+                       for _ in range(c.num_layers)]
         self.norm = RMSNorm(c.rms_norm_eps, **kw)
         if not c.tie_word_embeddings:
             self.lm_head = nn.Dense(c.vocab_size, use_bias=False, **kw)

@@ -1,0 +1,12 @@
+"""Hand-written kernels, each beside its plain-JAX reference, chosen by an ``implementation=``
+switch (style.md "Kernels").
+
+* :mod:`domino_jax.pallas.cache_attention`: split-K attention of a few query rows over the
+  KV cache (Pallas Triton backend), picked by ``models.layers.attend(implementation=...)``.
+
+This package's ``__init__`` imports no jax (the CLI builds its parser from it).
+"""
+
+# Values of ``models.layers.attend(implementation=)``, ``load_pair(attention=)`` and the CLI's
+# ``--attention``.
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "reference", "pallas", "pallas_interpret")
