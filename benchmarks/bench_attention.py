@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import statistics
@@ -94,7 +95,12 @@ def variants():
     return {"ours": (attend_reference, False), "heads_major": (heads_major, True),
             "bias": (bias, False), "dpa_xla": (dpa("xla"), False),
             "dpa_cudnn": (dpa("cudnn"), False), "split_k128": (split_k(128), False),
-            "split_k256": (split_k(256), False), "pallas": (cache_attention, False)}
+            "split_k256": (split_k(256), False), "pallas": (cache_attention, False),
+            "pallas_p256": (functools.partial(cache_attention, target_programs=256), False),
+            "pallas_p1024_bk32": (functools.partial(cache_attention, target_programs=1024,
+                                                    block_k=32), False),
+            "pallas_bk128_w8": (functools.partial(cache_attention, block_k=128, num_warps=8),
+                                False)}
 
 
 def main() -> None:

@@ -62,6 +62,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (smoke test)")
     p.add_argument("--skip-hf", action="store_true", help="skip the Hugging Face baseline")
+    p.add_argument("--skip-stages", action="store_true",
+                   help="time the whole loops only (no per-stage jits): quick A/B runs")
     p.add_argument("--prompt-lens", default=None, help="comma list (default 512,2048; tiny 16)")
     p.add_argument("--new-tokens", type=int, default=None, help="default 256 (tiny 12)")
     p.add_argument("--hf-prompt-len", type=int, default=None,
@@ -719,6 +721,8 @@ class Bench:
         loops = lambda plen: per_method("loops", plen, self.measure_loop, 40)  # noqa: E731
         stages = lambda plen: per_method("stages", plen, self.measure_stages, 30)  # noqa: E731
 
+        if a.skip_stages:
+            stages = lambda plen: None  # noqa: E731
         first = a.prompt_lens[0]
         loops(first)
         stages(first)

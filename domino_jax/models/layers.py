@@ -64,9 +64,12 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array,
     * ``"pallas"``: the split-K kernel :func:`domino_jax.pallas.cache_attention.cache_attention`
       (GPU; few query rows over a cache). Fails fast (``ValueError`` naming the reason) on
       another backend or for shapes it does not take;
+    * every choice but ``"reference"`` takes the ``"xla"`` path for more than
+      ``MAX_ROWS = 256`` query rows per KV head (``T * nH / nKV``: a prefill, not the
+      kernel's job);
     * ``"pallas_interpret"``: the same kernel in the Pallas interpreter (CPU tests);
     * ``"auto"``: the kernel on a GPU when it takes the shapes and dtypes, else ``"xla"``
-      (with a warning when a GPU falls back for another reason than a prefill's many rows).
+      (with a warning when a GPU falls back).
 
     Args:
       q: ``[B, T, nH, D]`` queries (already rotated).
@@ -104,8 +107,10 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array,
                          f"{ATTENTION_IMPLEMENTATIONS}")
     if implementation == "reference":
         return attend_reference(q, k, v, visible)
+    from domino_jax.pallas import cache_attention as kernel
+    if implementation != "xla" and kernel.too_many_rows(q.shape, k.shape):
+        implementation = "xla"          # a prefill: the XLA path by design, for every choice
     if implementation != "xla":
-        from domino_jax.pallas import cache_attention as kernel
         reason = kernel.supported(q.shape, k.shape)
         if not (q.dtype == k.dtype == v.dtype):
             reason = f"mixed dtypes q {q.dtype}, k {k.dtype}, v {v.dtype}"
@@ -117,7 +122,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array,
                                           interpret=implementation == "pallas_interpret")
         if implementation != "auto":
             raise ValueError(f"attention implementation {implementation!r}: {reason}")
-        if on_gpu and not kernel.too_many_rows(q.shape, k.shape):   # prefill: XLA by design
+        if on_gpu:
             warnings.warn(f"attention: the Pallas kernel does not take q {q.shape} over k "
                           f"{k.shape} ({reason}); using the XLA path", stacklevel=2)
     if not (q.dtype == k.dtype == v.dtype):

@@ -39,7 +39,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)   # same as models.layers.MASK_VALUE
-TARGET_PROGRAMS = 256     # programs per call the splits aim for (H200: 132 SMs)
+TARGET_PROGRAMS = 512     # programs per call the splits aim for (H200: 132 SMs)
 
 
 def query_rows(num_queries: int, group: int) -> int:
@@ -47,22 +47,26 @@ def query_rows(num_queries: int, group: int) -> int:
     return max(16, 1 << (num_queries * group - 1).bit_length())
 
 
-def pick_block_k(num_keys: int) -> int | None:
-    """The key chunk: the largest of 64, 32, 16 dividing ``num_keys`` (``None``: none does)."""
-    for block in (64, 32, 16):
+def pick_block_k(num_keys: int, largest: int = 64) -> int | None:
+    """The key chunk: the largest power of two from ``largest`` down to 16 dividing
+    ``num_keys`` (``None``: none does)."""
+    block = largest
+    while block >= 16:
         if num_keys % block == 0:
             return block
+        block //= 2
     return None
 
 
-def plan_splits(num_keys: int, block_k: int, batch: int, num_kv_heads: int) -> tuple[int, int]:
+def plan_splits(num_keys: int, block_k: int, batch: int, num_kv_heads: int,
+                target_programs: int = TARGET_PROGRAMS) -> tuple[int, int]:
     """``(num_splits, chunks_per_split)`` for ``num_keys / block_k`` chunks.
 
-    Aims at :data:`TARGET_PROGRAMS` programs over ``batch * num_kv_heads * num_splits``; the
+    Aims at ``target_programs`` programs over ``batch * num_kv_heads * num_splits``; the
     last run may hold fewer chunks.
     """
     chunks = num_keys // block_k
-    wanted = max(1, min(chunks, -(-TARGET_PROGRAMS // (batch * num_kv_heads))))
+    wanted = max(1, min(chunks, -(-target_programs // (batch * num_kv_heads))))
     per_split = -(-chunks // wanted)
     return -(-chunks // per_split), per_split
 
@@ -147,14 +151,13 @@ def _kernel(kv_end_ref, q_ref, k_ref, v_ref, mask_ref, acc_ref, m_ref, l_ref, *,
     def body(i, carry):
         acc, m, l = carry
         keys = pl.ds((first + i) * block_k, block_k)
-        k = k_ref[keys, :]
+        k, v, visible = k_ref[keys, :], v_ref[keys, :], mask_ref[:, keys]   # loads in flight
         s = lax.dot_general(q, k, (((1,), (1,)), ((), ())),
                             preferred_element_type=jnp.float32) * scale      # [R, bk]
-        s = jnp.where(mask_ref[:, keys] != 0, s, MASK_VALUE)
+        s = jnp.where(visible != 0, s, MASK_VALUE)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
         alpha = jnp.exp(m - m_new)
         p = jnp.exp(s - m_new[:, None])
-        v = v_ref[keys, :]
         pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
                              preferred_element_type=jnp.float32)           # [R, D]
         return acc * alpha[:, None] + pv, m_new, l * alpha + jnp.sum(p, axis=1)
@@ -168,15 +171,20 @@ def _kernel(kv_end_ref, q_ref, k_ref, v_ref, mask_ref, acc_ref, m_ref, l_ref, *,
 
 
 
-@functools.partial(jax.jit, static_argnames=("interpret",))
+@functools.partial(jax.jit, static_argnames=("interpret", "target_programs", "block_k",
+                                             "num_warps"))
 def cache_attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array,
-                    interpret: bool = False) -> jax.Array:
+                    interpret: bool = False, target_programs: int = TARGET_PROGRAMS,
+                    block_k: int = 64, num_warps: int = 4) -> jax.Array:
     """Grouped-query attention over a cache with the Pallas kernel (see module doc).
 
     Args:
       q: ``[B, T, nH, D]`` rotated queries; ``k, v``: ``[B, S, nKV, D]`` (the cache layer as
         stored, no copy); ``visible``: bool ``[B, T, S]``.
       interpret: run the kernel in the Pallas interpreter (any backend; tests on the CPU).
+      target_programs, block_k, num_warps: tuning (``benchmarks/bench_attention.py``);
+        ``block_k`` is the largest chunk tried, smaller powers of two are used when it does
+        not divide ``S``.
     Returns ``[B, T, nH, D]`` in ``v.dtype``. Raises ``ValueError`` with the reason when
     :func:`supported` rejects the shapes.
     """
@@ -189,8 +197,8 @@ def cache_attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array
     num_keys, num_kv = k.shape[1], k.shape[2]
     group = num_heads // num_kv
     rows = query_rows(t_len, group)
-    block_k = pick_block_k(num_keys)
-    num_splits, per_split = plan_splits(num_keys, block_k, batch, num_kv)
+    block_k = pick_block_k(num_keys, block_k)
+    num_splits, per_split = plan_splits(num_keys, block_k, batch, num_kv, target_programs)
     kernel = functools.partial(_kernel, block_k=block_k, chunks=num_keys // block_k,
                                per_split=per_split, scale=float(head_dim) ** -0.5)
     part = (batch, num_kv, num_splits, rows)
@@ -212,7 +220,7 @@ def cache_attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array
         out_shape=[jax.ShapeDtypeStruct(part + (head_dim,), jnp.float32),
                    jax.ShapeDtypeStruct(part, jnp.float32),
                    jax.ShapeDtypeStruct(part, jnp.float32)],
-        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=2),
         interpret=interpret,
         name="cache_attention",
     )(key_end(visible), _to_rows(q, num_kv, rows), k, v, _mask_rows(visible, group, rows))
