@@ -88,9 +88,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--layout", choices=("fused", "unfused"), default="fused",
                    help="parameter layout of target and drafter: fused q/k/v and gate/up (the "
                         "decode default, models/fused_layout.py) or the checkpoint's")
-    p.add_argument("--attention", default="auto", choices=ATTENTION_IMPLEMENTATIONS,
-                   help="attention over the KV caches (models.layers.attend): 'auto' = the "
-                        "Pallas kernel on a GPU, as load_pair and the decode CLI default")
+    p.add_argument("--attention", default="xla", choices=ATTENTION_IMPLEMENTATIONS,
+                   help="attention over the KV caches (models.layers.attend): 'xla' (the "
+                        "default of load_pair and the decode CLI), 'pallas' / 'auto' (the "
+                        "split-K Pallas kernel on a GPU)")
     p.add_argument("--git-commit", default=None, help="recorded when .git is absent")
     args = p.parse_args(argv)
     if args.prompt_lens is None:

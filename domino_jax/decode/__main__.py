@@ -48,10 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="domino, dominotree: do not precompute the [V, 3G] float32 GRU input "
                         "table (saves 12 V G bytes, 1.87 GB for Qwen3-8B; each head step then "
                         "multiplies by W_ih instead of gathering a row)")
-    p.add_argument("--attention", default="auto", choices=ATTENTION_IMPLEMENTATIONS,
-                   help="attention over the KV cache: 'auto' (default: the Pallas split-K "
-                        "kernel on a GPU, XLA elsewhere), 'xla', 'reference' (einsum), "
-                        "'pallas' (fail if unavailable), 'pallas_interpret' (CPU, slow)")
+    p.add_argument("--attention", default="xla", choices=ATTENTION_IMPLEMENTATIONS,
+                   help="attention over the KV cache: 'xla' (default), 'pallas' (the split-K "
+                        "Pallas kernel; GPU, fails elsewhere), 'auto' (the kernel on a GPU, "
+                        "XLA elsewhere), 'reference' (einsum), 'pallas_interpret' (CPU, slow)")
     p.add_argument("--tree-builder", default="frontier", choices=("frontier", "heap"),
                    help="tree methods: 'frontier' (one batched step per depth, default) or "
                         "'heap' (one pop per node); both build the same tree")

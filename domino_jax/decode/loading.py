@@ -33,7 +33,7 @@ def default_models(target: str | None, draft: str | None) -> tuple[str, str | No
 
 
 def load_pair(target_dir: str, draft_dir: str | None, method: str, dtype=jnp.bfloat16,
-              fused: bool = True, head_input_table: bool = True, attention: str = "auto",
+              fused: bool = True, head_input_table: bool = True, attention: str = "xla",
               **drafter_options):
     """``(target_module, target_params, drafter | None, draft_params | None)``.
 
@@ -50,7 +50,8 @@ def load_pair(target_dir: str, draft_dir: str | None, method: str, dtype=jnp.bfl
     the SmolLM2 demo drafter).
 
     ``attention``: how both models attend over their KV caches
-    (:func:`domino_jax.models.layers.attend`; ``"auto"``: the Pallas kernel on a GPU).
+    (:func:`domino_jax.models.layers.attend`; ``"pallas"`` / ``"auto"``: the split-K Pallas
+    kernel on a GPU, measured in ``benchmarks/NOTES.md`` entry 15; not the default).
 
     The drafter is checked against the target (hidden size, vocab, layer ids, mask id)
     before any weights are read.
