@@ -33,19 +33,40 @@ def test_draft_that_does_not_fit_the_target(capsys):
     assert "num_target_layers 4" in err and draft in err
 
 
-def test_no_head_input_table_reaches_load_pair(monkeypatch):
-    """``--no-head-input-table`` is passed to ``load_pair`` (default: the table is made)."""
+def _spy_load_pair(monkeypatch, option: str) -> list:
+    """Replace ``load_pair`` by a stub that records ``kwargs[option]`` and stops the CLI."""
     import domino_jax.decode.loading as loading
 
     seen = []
 
     def fake_load_pair(*args, **kwargs):
-        seen.append(kwargs.get("head_input_table"))
+        seen.append(kwargs.get(option))
         raise FileNotFoundError("stop here")
 
     monkeypatch.setattr(loading, "load_pair", fake_load_pair)
+    return seen
+
+
+def test_no_head_input_table_reaches_load_pair(monkeypatch):
+    """``--no-head-input-table`` is passed to ``load_pair`` (default: the table is made)."""
+    seen = _spy_load_pair(monkeypatch, "head_input_table")
     target = os.path.join(FIX, "domino_shift", "target")
     draft = os.path.join(FIX, "domino_shift", "draft")
     for extra, expected in (([], True), (["--no-head-input-table"], False)):
         assert main(["--target", target, "--draft", draft, "--method", "domino"] + extra) == 2
         assert seen[-1] is expected
+
+
+def test_attention_flag_reaches_load_pair(monkeypatch, capsys):
+    """``--attention`` is passed to ``load_pair`` (default ``xla``); a bad value is refused
+    by the parser, naming the choices."""
+    seen = _spy_load_pair(monkeypatch, "attention")
+    target = os.path.join(FIX, "domino_shift", "target")
+    for extra, expected in (([], "xla"), (["--attention", "pallas"], "pallas")):
+        assert main(["--target", target] + extra) == 2
+        assert seen[-1] == expected
+    try:
+        main(["--target", target, "--attention", "flash"])
+    except SystemExit as e:
+        assert e.code == 2
+    assert "invalid choice: 'flash'" in capsys.readouterr().err

@@ -131,3 +131,18 @@ def test_load_pair_adds_head_decode_leaves_for_head_methods():
     assert "state_proj" in no_table and "gru_input_table" not in no_table
     assert not {"state_proj", "gru_input_table"} & set(load("dflash"))
     assert not {"state_proj", "gru_input_table"} & set(load("domino", fused=False))
+
+
+def test_load_pair_attention_option():
+    """``load_pair(attention=)`` reaches the target and the drafter's backbone; an unknown
+    value is refused before any weights are read."""
+    folder = os.path.join(FIXTURES, "domino_shift")
+    target, _, drafter, _ = load_pair(os.path.join(folder, "target"),
+                                      os.path.join(folder, "draft"), "domino", jnp.float32,
+                                      attention="pallas_interpret")
+    assert target.attention_impl == "pallas_interpret"
+    assert drafter.backbone.attention_impl == "pallas_interpret"
+    default, *_ = load_pair(os.path.join(folder, "target"), None, "ar", jnp.float32)
+    assert default.attention_impl == "xla"
+    with pytest.raises(ValueError, match="unknown attention implementation 'flash'"):
+        load_pair(os.path.join(folder, "target"), None, "ar", jnp.float32, attention="flash")

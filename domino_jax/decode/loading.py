@@ -62,6 +62,9 @@ def load_pair(target_dir: str, draft_dir: str | None, method: str, dtype=jnp.bfl
     from domino_jax.pallas import ATTENTION_IMPLEMENTATIONS
     from domino_jax.models.qwen3 import TargetLM
 
+    if attention not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(f"unknown attention implementation {attention!r}; choose one of "
+                         f"{ATTENTION_IMPLEMENTATIONS}")
     target_config = TargetConfig.from_path(target_dir)
     drafter = draft_params = None
     if draft_dir is not None:
@@ -73,9 +76,6 @@ def load_pair(target_dir: str, draft_dir: str | None, method: str, dtype=jnp.bfl
     target_config, target_params = load_target(target_dir, dtype)
     if fused:
         target_config, target_params = fuse_model(target_config, target_params)
-    if attention not in ATTENTION_IMPLEMENTATIONS:
-        raise ValueError(f"unknown attention implementation {attention!r}; choose one of "
-                         f"{ATTENTION_IMPLEMENTATIONS}")
     target = TargetLM(target_config, dtype=dtype, param_dtype=dtype, attention_impl=attention)
     if draft_dir is not None:
         draft_config, draft_params = load_draft(draft_dir, dtype)

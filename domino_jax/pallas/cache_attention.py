@@ -32,6 +32,7 @@ picks this kernel is ``models.layers.attend(..., implementation=)``.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -100,6 +101,38 @@ def key_end(visible: jax.Array) -> jax.Array:
     num_keys = visible.shape[-1]
     seen = jnp.any(visible, axis=1)                                          # [B, S]
     return jnp.max(jnp.where(seen, jnp.arange(1, num_keys + 1), 0), axis=-1).astype(jnp.int32)
+
+
+class Plan(NamedTuple):
+    """How one call is cut up (static, from the shapes)."""
+
+    batch: int
+    t_len: int
+    num_heads: int
+    head_dim: int
+    num_keys: int
+    num_kv: int
+    group: int          # query heads per KV head
+    rows: int           # query tile rows R
+    block_k: int        # key chunk
+    num_splits: int     # runs of chunks per (batch row, KV head)
+    per_split: int      # chunks per run (the last run may hold fewer)
+
+
+def make_plan(who: str, q_shape, k_shape, target_programs: int = TARGET_PROGRAMS,
+              block_k: int = 64) -> Plan:
+    """The :class:`Plan` for ``q [B, T, nH, D]`` over ``k [B, S, nKV, D]``; raises
+    ``ValueError`` (prefixed with ``who``) when :func:`supported` rejects the shapes."""
+    reason = supported(q_shape, k_shape)
+    if reason is not None:
+        raise ValueError(f"{who}: {reason}")
+    batch, t_len, num_heads, head_dim = q_shape
+    num_keys, num_kv = k_shape[1], k_shape[2]
+    group = num_heads // num_kv
+    block_k = pick_block_k(num_keys, block_k)
+    num_splits, per_split = plan_splits(num_keys, block_k, batch, num_kv, target_programs)
+    return Plan(batch, t_len, num_heads, head_dim, num_keys, num_kv, group,
+                query_rows(t_len, group), block_k, num_splits, per_split)
 
 
 def _to_rows(q: jax.Array, num_kv: int, rows: int) -> jax.Array:
@@ -188,17 +221,11 @@ def cache_attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array
     Returns ``[B, T, nH, D]`` in ``v.dtype``. Raises ``ValueError`` with the reason when
     :func:`supported` rejects the shapes.
     """
-    reason = supported(q.shape, k.shape)
-    if reason is not None:
-        raise ValueError(f"cache_attention: {reason}")
+    plan = make_plan("cache_attention", q.shape, k.shape, target_programs, block_k)
     from jax.experimental.pallas import triton as plgpu
 
-    batch, t_len, num_heads, head_dim = q.shape
-    num_keys, num_kv = k.shape[1], k.shape[2]
-    group = num_heads // num_kv
-    rows = query_rows(t_len, group)
-    block_k = pick_block_k(num_keys, block_k)
-    num_splits, per_split = plan_splits(num_keys, block_k, batch, num_kv, target_programs)
+    batch, t_len, num_heads, head_dim, num_keys, num_kv, group, rows, block_k, num_splits, \
+        per_split = plan
     kernel = functools.partial(_kernel, block_k=block_k, chunks=num_keys // block_k,
                                per_split=per_split, scale=float(head_dim) ** -0.5)
     part = (batch, num_kv, num_splits, rows)
@@ -237,15 +264,9 @@ def cache_attention_reference(q: jax.Array, k: jax.Array, v: jax.Array,
     every chunk (no ``kv_end`` skip: skipped chunks are fully masked and weigh 0 either way
     for rows with a visible key).
     """
-    reason = supported(q.shape, k.shape)
-    if reason is not None:
-        raise ValueError(f"cache_attention_reference: {reason}")
-    batch, t_len, num_heads, head_dim = q.shape
-    num_keys, num_kv = k.shape[1], k.shape[2]
-    group = num_heads // num_kv
-    rows = query_rows(t_len, group)
-    block_k = pick_block_k(num_keys)
-    num_splits, per_split = plan_splits(num_keys, block_k, batch, num_kv)
+    plan = make_plan("cache_attention_reference", q.shape, k.shape)
+    batch, t_len, num_heads, head_dim, num_keys, num_kv, group, rows, block_k, num_splits, \
+        per_split = plan
     qr = _to_rows(q, num_kv, rows)                                         # [B, nKV, R, D]
     mask = _mask_rows(visible, group, rows)                                # [B, R, S]
     chunks = num_keys // block_k
