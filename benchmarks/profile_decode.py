@@ -39,6 +39,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--top", type=int, default=25, help="kernels listed per method")
     p.add_argument("--layout", choices=("fused", "unfused"), default="fused")
+    p.add_argument("--attention", default="xla",
+                   help="attention over the caches, as bench_decode.py --attention")
     p.add_argument("--git-commit", default=None)
     p.add_argument("--out", default=os.environ.get("OUT") or os.path.join(HERE, "results"))
     return p.parse_args(argv)
@@ -100,7 +102,7 @@ def main(argv=None) -> None:
     sys.path.insert(0, HERE)
     bench_args = ["--methods", args.methods, "--prompt-lens", str(args.prompt_len),
                   "--new-tokens", str(args.new_tokens), "--skip-hf", "--out", args.out,
-                  "--layout", args.layout]
+                  "--layout", args.layout, "--attention", args.attention]
     if args.tiny:
         bench_args.append("--tiny")
     if args.git_commit:
@@ -116,9 +118,11 @@ def main(argv=None) -> None:
     vocab = bench.tcfg.vocab_size
     report = {"date": stamp, "git_commit": bench.results["git_commit"],
               "device": bench.results["device"], "versions": bench.results["versions"],
-              "prompt_len": args.prompt_len, "layout": args.layout, "new_tokens": args.new_tokens, "methods": {}}
+              "prompt_len": args.prompt_len, "layout": args.layout, "attention": args.attention,
+              "new_tokens": args.new_tokens, "methods": {}}
     lines = [f"# Decode profile {stamp} ({report['device']['kind']}, commit "
-             f"{report['git_commit']}, prompt {args.prompt_len}, {args.new_tokens} new tokens)"]
+             f"{report['git_commit']}, prompt {args.prompt_len}, {args.new_tokens} new tokens, "
+             f"attention {args.attention})"]
     for method in bargs.methods:
         config = bench.decode_config(method)
         prompt = bench_decode.random_prompt(args.prompt_len, vocab, 100)
