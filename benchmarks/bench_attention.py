@@ -16,7 +16,9 @@ over ``--layers`` distinct cache layers (so nothing stays in L2), inside a ``for
 * ``split_k128`` / ``split_k256``: flash-decoding's split of the keys into chunks, the
   ``P V`` product batched over chunks (contexts must be multiples of the chunk);
 * ``pallas``: the library's split-K Pallas kernel (``pallas/cache_attention.py``; contexts
-  must be multiples of 16; it skips the chunks past the last visible slot).
+  must be multiples of 16; it skips the chunks past the last visible slot) on a layer slice
+  (which XLA copies out before the custom call); ``pallas_stacked``: the kernel reading the
+  layer of the stacked cache in place, as the models call it.
 
 Rows: queries ``T`` in ``--queries`` x context ``S`` in ``--contexts``; us per layer, median
 of ``--reps`` calls.
@@ -100,7 +102,11 @@ def variants():
             "pallas_p1024_bk32": (functools.partial(cache_attention, target_programs=1024,
                                                     block_k=32), False),
             "pallas_bk128_w8": (functools.partial(cache_attention, block_k=128, num_warps=8),
-                                False)}
+                                False),
+            # the stacked [L, B, S, nKV, D] cache read in place (what the models do)
+            "pallas_stacked": (cache_attention, "stacked"),
+            "pallas_p256_stacked": (functools.partial(cache_attention, target_programs=256),
+                                    "stacked")}
 
 
 def main() -> None:
@@ -143,13 +149,19 @@ def main() -> None:
             table = variants()
             names = args.variants.split(",") if args.variants else list(table)
             for name in names:
-                fn, heads = table[name]
-                ks, vs = (k_heads, v_heads) if heads else (k_cache, v_cache)
+                fn, layout = table[name]
+                ks, vs = (k_heads, v_heads) if layout is True else (k_cache, v_cache)
+                if layout == "stacked":
+                    attend_layer = lambda q, layer, fn=fn, ks=ks, vs=vs: fn(  # noqa: E731
+                        q, ks, vs, visible, layer=layer)
+                else:
+                    attend_layer = lambda q, layer, fn=fn, ks=ks, vs=vs: fn(  # noqa: E731
+                        q, ks[layer], vs[layer], visible)
 
-                def run(q, ks=ks, vs=vs, fn=fn):
+                def run(q, attend_layer=attend_layer):
                     def step(_, q):
                         for layer in range(args.layers):
-                            q = q + 1e-3 * fn(q, ks[layer], vs[layer], visible).astype(q.dtype)
+                            q = q + 1e-3 * attend_layer(q, layer).astype(q.dtype)
                         return q
                     return jax.lax.fori_loop(0, args.steps, step, q)
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from domino_jax.kv_cache import align_slots, key_visibility
-from domino_jax.models.layers import attend, attend_reference
+from domino_jax.models.layers import attend, attend_cache_layer, attend_reference
 from domino_jax.pallas import ATTENTION_IMPLEMENTATIONS
 from domino_jax.pallas import cache_attention as ca
 
@@ -121,6 +121,25 @@ def test_attend_switch():
         attend(q, k, v, visible, "flash")
     with pytest.raises(ValueError, match="multiple of 16"):
         attend(q, k[:, :40], v[:, :40], visible[..., :40], "pallas_interpret")
+
+
+def test_stacked_cache_read_in_place_equals_the_layer_slice():
+    """``layer=``: the kernel indexes the stacked ``[L, B, S, nKV, D]`` cache itself (no slice
+    for XLA to copy out) and gives exactly what it gives on the slice;
+    ``attend_cache_layer`` routes every implementation to the same numbers."""
+    q, k, v, visible = _inputs((2, 3, 128, 8, 2, 32), jnp.float32, seed=9)
+    rng = np.random.default_rng(10)
+    keys = jnp.asarray(rng.normal(size=(3,) + k.shape), jnp.float32).at[1].set(k)
+    values = jnp.asarray(rng.normal(size=(3,) + v.shape), jnp.float32).at[1].set(v)
+    sliced = ca.cache_attention(q, k, v, visible, interpret=True)
+    stacked = ca.cache_attention(q, keys, values, visible, layer=1, interpret=True)
+    np.testing.assert_array_equal(stacked, sliced)
+    ref = attend_reference(q, k, v, visible)
+    for impl in ("xla", "reference", "pallas_interpret", "auto"):
+        out = attend_cache_layer(q, keys, values, 1, visible, impl)
+        np.testing.assert_allclose(out, ref, atol=ATOL, err_msg=impl)
+    with pytest.raises(ValueError, match="layer 3 out of range for a cache of 3 layers"):
+        ca.cache_attention(q, keys, values, visible, layer=3, interpret=True)
 
 
 # ------------------------------------------------------------------ whole decodes, CPU

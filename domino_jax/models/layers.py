@@ -102,34 +102,62 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array,
     The library requires ``q``, ``k`` and ``v`` to share one dtype; mixed dtypes (e.g. float32
     queries over a bf16 cache) go to :func:`attend_reference`, which promotes as before.
     """
-    if implementation not in ATTENTION_IMPLEMENTATIONS:
-        raise ValueError(f"unknown attention implementation {implementation!r}; choose one of "
-                         f"{ATTENTION_IMPLEMENTATIONS}")
-    if implementation == "reference":
+    path = resolve_attention(implementation, q, k, v)
+    if path == "reference":
         return attend_reference(q, k, v, visible)
-    from domino_jax.pallas import cache_attention as kernel
-    if implementation != "xla" and kernel.too_many_rows(q.shape, k.shape):
-        implementation = "xla"          # a prefill: the XLA path by design, for every choice
-    if implementation != "xla":
-        reason = kernel.supported(q.shape, k.shape)
-        if not (q.dtype == k.dtype == v.dtype):
-            reason = f"mixed dtypes q {q.dtype}, k {k.dtype}, v {v.dtype}"
-        on_gpu = jax.default_backend() == "gpu"
-        if implementation == "pallas" and not on_gpu:
-            reason = f"the Pallas Triton kernel needs a GPU (backend: {jax.default_backend()})"
-        if reason is None and (on_gpu or implementation == "pallas_interpret"):
-            return kernel.cache_attention(q, k, v, visible,
-                                          interpret=implementation == "pallas_interpret")
-        if implementation != "auto":
-            raise ValueError(f"attention implementation {implementation!r}: {reason}")
-        if on_gpu:
-            warnings.warn(f"attention: the Pallas kernel does not take q {q.shape} over k "
-                          f"{k.shape} ({reason}); using the XLA path", stacklevel=2)
+    if path.startswith("pallas"):
+        from domino_jax.pallas.cache_attention import cache_attention
+        return cache_attention(q, k, v, visible, interpret=path == "pallas_interpret")
     if not (q.dtype == k.dtype == v.dtype):
         return attend_reference(q, k, v, visible)
     out = jax.nn.dot_product_attention(q, k, v, mask=visible.astype(bool)[:, None],
                                        implementation="xla")
     return out.astype(v.dtype)
+
+
+def resolve_attention(implementation: str, q: jax.Array, k: jax.Array, v: jax.Array) -> str:
+    """The code :func:`attend` runs for ``implementation`` on these inputs: ``"xla"``,
+    ``"reference"``, ``"pallas"`` or ``"pallas_interpret"`` (``k`` one layer ``[B, S, nKV,
+    D]``). Raises ``ValueError`` for an unknown name or an explicit kernel request it cannot
+    serve; ``"auto"`` falls back to ``"xla"`` (warning on a GPU)."""
+    if implementation not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(f"unknown attention implementation {implementation!r}; choose one of "
+                         f"{ATTENTION_IMPLEMENTATIONS}")
+    if implementation in ("xla", "reference"):
+        return implementation
+    from domino_jax.pallas import cache_attention as kernel
+    if kernel.too_many_rows(q.shape, k.shape):
+        return "xla"                    # a prefill: the XLA path by design, for every choice
+    reason = kernel.supported(q.shape, k.shape)
+    if not (q.dtype == k.dtype == v.dtype):
+        reason = f"mixed dtypes q {q.dtype}, k {k.dtype}, v {v.dtype}"
+    on_gpu = jax.default_backend() == "gpu"
+    if implementation == "pallas" and not on_gpu:
+        reason = f"the Pallas Triton kernel needs a GPU (backend: {jax.default_backend()})"
+    if reason is None and implementation == "pallas_interpret":
+        return "pallas_interpret"
+    if reason is None and on_gpu:
+        return "pallas"
+    if implementation != "auto":
+        raise ValueError(f"attention implementation {implementation!r}: {reason}")
+    if on_gpu:
+        warnings.warn(f"attention: the Pallas kernel does not take q {q.shape} over k "
+                      f"{k.shape} ({reason}); using the XLA path", stacklevel=3)
+    return "xla"
+
+
+def attend_cache_layer(q: jax.Array, keys: jax.Array, values: jax.Array, layer: int,
+                       visible: jax.Array, implementation: str = "xla") -> jax.Array:
+    """:func:`attend` over layer ``layer`` of a stacked cache ``keys, values [L, B, S, nKV,
+    D]`` (``KVCache.keys`` / ``.values``). The Pallas kernel reads the layer in place; the
+    XLA and reference paths take the slice ``keys[layer]`` as before."""
+    k, v = keys[layer], values[layer]
+    path = resolve_attention(implementation, q, k, v)
+    if path.startswith("pallas"):
+        from domino_jax.pallas.cache_attention import cache_attention
+        return cache_attention(q, keys, values, visible, layer=layer,
+                               interpret=path == "pallas_interpret")
+    return attend(q, k, v, visible, path)
 
 
 def attend_reference(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array) -> jax.Array:
@@ -271,11 +299,12 @@ class DecoderLayerBase(nn.Module):
 
         Attention over a cache uses ``attention_impl``; without a cache (training, cacheless
         forwards) it is always the XLA path."""
-        implementation = "xla"
         if cache is not None:
             cache = cache.write_layer(layer_index, k, v)
-            k, v = cache.keys[layer_index], cache.values[layer_index]
-            implementation = self.attention_impl
-        x = x + self.self_attn.output(attend(q, k, v, visible, implementation))
+            attn = attend_cache_layer(q, cache.keys, cache.values, layer_index, visible,
+                                      self.attention_impl)
+        else:
+            attn = attend(q, k, v, visible)
+        x = x + self.self_attn.output(attn)
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, cache

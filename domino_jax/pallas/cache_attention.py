@@ -204,16 +204,22 @@ def _kernel(kv_end_ref, q_ref, k_ref, v_ref, mask_ref, acc_ref, m_ref, l_ref, *,
 
 
 
-@functools.partial(jax.jit, static_argnames=("interpret", "target_programs", "block_k",
-                                             "num_warps"))
+@functools.partial(jax.jit, static_argnames=("layer", "interpret", "target_programs",
+                                             "block_k", "num_warps"))
 def cache_attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array,
-                    interpret: bool = False, target_programs: int = TARGET_PROGRAMS,
-                    block_k: int = 64, num_warps: int = 4) -> jax.Array:
+                    layer: int | None = None, interpret: bool = False,
+                    target_programs: int = TARGET_PROGRAMS, block_k: int = 64,
+                    num_warps: int = 4) -> jax.Array:
     """Grouped-query attention over a cache with the Pallas kernel (see module doc).
 
     Args:
-      q: ``[B, T, nH, D]`` rotated queries; ``k, v``: ``[B, S, nKV, D]`` (the cache layer as
-        stored, no copy); ``visible``: bool ``[B, T, S]``.
+      q: ``[B, T, nH, D]`` rotated queries; ``visible``: bool ``[B, T, S]``.
+      k, v: ``[B, S, nKV, D]``, or with ``layer`` the whole stacked cache ``[L, B, S, nKV,
+        D]`` (``KVCache.keys``), of which the kernel reads layer ``layer`` in place. Prefer
+        the stacked form: a layer slice handed to a custom call is first copied out by XLA
+        (on the H200 two ~3 us copies per layer at 2304 slots,
+        ``benchmarks/results/profile_2026-12-01_070411.md``).
+      layer: static index into the stacked cache (``None``: ``k, v`` are one layer).
       interpret: run the kernel in the Pallas interpreter (any backend; tests on the CPU).
       target_programs, block_k, num_warps: tuning (``benchmarks/bench_attention.py``);
         ``block_k`` is the largest chunk tried, smaller powers of two are used when it does
@@ -221,7 +227,11 @@ def cache_attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array
     Returns ``[B, T, nH, D]`` in ``v.dtype``. Raises ``ValueError`` with the reason when
     :func:`supported` rejects the shapes.
     """
-    plan = make_plan("cache_attention", q.shape, k.shape, target_programs, block_k)
+    layer_shape = k.shape if layer is None else k.shape[1:]
+    if layer is not None and not 0 <= layer < k.shape[0]:
+        raise ValueError(f"cache_attention: layer {layer} out of range for a cache of "
+                         f"{k.shape[0]} layers")
+    plan = make_plan("cache_attention", q.shape, layer_shape, target_programs, block_k)
     from jax.experimental.pallas import triton as plgpu
 
     batch, t_len, num_heads, head_dim, num_keys, num_kv, group, rows, block_k, num_splits, \
@@ -229,14 +239,19 @@ def cache_attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array
     kernel = functools.partial(_kernel, block_k=block_k, chunks=num_keys // block_k,
                                per_split=per_split, scale=float(head_dim) ** -0.5)
     part = (batch, num_kv, num_splits, rows)
+    if layer is None:          # one layer [B, S, nKV, D]: the (b, h) slab of every slot
+        kv_spec = pl.BlockSpec((None, num_keys, None, head_dim), lambda b, h, s: (b, 0, h, 0))
+    else:                      # stacked [L, B, S, nKV, D]: the same slab of layer ``layer``
+        kv_spec = pl.BlockSpec((None, None, num_keys, None, head_dim),
+                               lambda b, h, s: (layer, b, 0, h, 0))
     acc, m, l = pl.pallas_call(
         kernel,
         grid=(batch, num_kv, num_splits),
         in_specs=[
             pl.BlockSpec((None,), lambda b, h, s: (b,)),
             pl.BlockSpec((None, None, rows, head_dim), lambda b, h, s: (b, h, 0, 0)),
-            pl.BlockSpec((None, num_keys, None, head_dim), lambda b, h, s: (b, 0, h, 0)),
-            pl.BlockSpec((None, num_keys, None, head_dim), lambda b, h, s: (b, 0, h, 0)),
+            kv_spec,
+            kv_spec,
             pl.BlockSpec((None, rows, num_keys), lambda b, h, s: (b, 0, 0)),
         ],
         out_specs=[
