@@ -45,7 +45,11 @@ def variants():
     import jax.numpy as jnp
 
     from domino_jax.models.layers import MASK_VALUE, attend_reference
-    from domino_jax.pallas.cache_attention import cache_attention
+    from domino_jax.pallas import cache_attention as kernel
+
+    # off the GPU (the --tiny smoke test) the kernel variants run in the Pallas interpreter
+    cache_attention = functools.partial(kernel.cache_attention,
+                                        interpret=jax.default_backend() != "gpu")
 
     def heads_major(q, k, v, visible):            # k, v [B, nKV, S, D]
         b, t, nh, d = q.shape
