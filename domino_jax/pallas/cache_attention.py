@@ -13,11 +13,18 @@ every query row with at least one visible key, in the flash form:
 * The keys ``[0, S)`` are cut into ``num_splits`` runs of whole ``block_k`` chunks; one program
   per (batch row, KV head, run) streams its chunks with an online softmax and writes a
   float32 partial (running max ``m``, sum ``l``, unnormalised ``acc``). Grid
-  ``B x nKV x num_splits``: ~128-256 programs, so a one-token decode at batch 1 still fills
-  the GPU (one program per head would use 8 of 132 SMs).
+  ``B x nKV x num_splits``: about :data:`TARGET_PROGRAMS` programs, so a one-token decode at
+  batch 1 still fills the GPU (one program per head would use 8 of 132 SMs).
 * Chunks at or past ``kv_end[b]`` (the last visible slot + 1 of row ``b``, from ``visible``)
   are never read: the unused capacity of the cache costs nothing.
-* :func:`combine_partials` (plain XLA, one small fusion) merges the runs.
+* With ``layer=`` the kernel reads one layer of the stacked ``[L, B, S, nKV, D]`` cache in
+  place (a layer slice given to a custom call is first copied out by XLA).
+* :func:`combine_partials` (plain XLA: a few small fusions, ~6 us per layer on the H200)
+  merges the runs.
+
+Status (``benchmarks/NOTES.md`` entry 15): opt-in. On the H200 the slice-taking version was
+4-40% faster than XLA's attention in isolation and a wash in the decode loops; the in-place
+``layer=`` form is tested here but not yet measured on the GPU.
 
 Differences from the reference, all in the last bits: probabilities are rounded to the value
 dtype before normalisation (the reference rounds after), and the sum over keys runs in chunk
