@@ -3,6 +3,10 @@ the Pallas interpreter on the CPU, against ``layers.attend_reference`` and the k
 plain-JAX twin ``cache_attention_reference``; the ``attend(implementation=)`` switch; and whole
 greedy decodes with the kernel in the target and the drafter.
 
+``./dev test`` runs this file in its own pytest process: after these interpreter runs, jaxlib
+0.11.2's CPU compiler segfaulted compiling a later tree-decode loop in the same process (see
+``dev``).
+
 Float32 tolerance: ``max |kernel - attend_reference| <= ATOL = 1e-5`` (outputs are averages of
 N(0, 1) values, |out| <~ 3; the two differ in summation order only). bf16: ``2e-2`` absolute
 (probabilities are rounded before normalisation in the kernel, after it in the reference).
