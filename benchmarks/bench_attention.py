@@ -98,16 +98,18 @@ def variants():
             return jnp.moveaxis(out, 3, 1).reshape(b, t, nh, d)
         return f
 
-    return {"ours": (attend_reference, False), "heads_major": (heads_major, True),
-            "bias": (bias, False), "dpa_xla": (dpa("xla"), False),
-            "dpa_cudnn": (dpa("cudnn"), False), "split_k128": (split_k(128), False),
-            "split_k256": (split_k(256), False), "pallas": (cache_attention, False),
-            "pallas_p256": (functools.partial(cache_attention, target_programs=256), False),
+    # name -> (fn, cache layout): "slice" = fn(q, k[layer], v[layer]) on [B, S, nKV, D],
+    # "heads" = the same on a [B, nKV, S, D] cache, "stacked" = fn(q, k, v, layer=) on the
+    # whole [L, B, S, nKV, D] cache, read in place (what the models do)
+    return {"ours": (attend_reference, "slice"), "heads_major": (heads_major, "heads"),
+            "bias": (bias, "slice"), "dpa_xla": (dpa("xla"), "slice"),
+            "dpa_cudnn": (dpa("cudnn"), "slice"), "split_k128": (split_k(128), "slice"),
+            "split_k256": (split_k(256), "slice"), "pallas": (cache_attention, "slice"),
+            "pallas_p256": (functools.partial(cache_attention, target_programs=256), "slice"),
             "pallas_p1024_bk32": (functools.partial(cache_attention, target_programs=1024,
-                                                    block_k=32), False),
+                                                    block_k=32), "slice"),
             "pallas_bk128_w8": (functools.partial(cache_attention, block_k=128, num_warps=8),
-                                False),
-            # the stacked [L, B, S, nKV, D] cache read in place (what the models do)
+                                "slice"),
             "pallas_stacked": (cache_attention, "stacked"),
             "pallas_p256_stacked": (functools.partial(cache_attention, target_programs=256),
                                     "stacked")}
@@ -154,7 +156,7 @@ def main() -> None:
             names = args.variants.split(",") if args.variants else list(table)
             for name in names:
                 fn, layout = table[name]
-                ks, vs = (k_heads, v_heads) if layout is True else (k_cache, v_cache)
+                ks, vs = (k_heads, v_heads) if layout == "heads" else (k_cache, v_cache)
                 if layout == "stacked":
                     attend_layer = lambda q, layer, fn=fn, ks=ks, vs=vs: fn(  # noqa: E731
                         q, ks, vs, visible, layer=layer)

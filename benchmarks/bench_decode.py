@@ -720,10 +720,9 @@ class Bench:
                               lambda m=m: section.__setitem__(m, measure(m, plen)), estimate)
 
         loops = lambda plen: per_method("loops", plen, self.measure_loop, 40)  # noqa: E731
-        stages = lambda plen: per_method("stages", plen, self.measure_stages, 30)  # noqa: E731
+        stages = lambda plen: None if a.skip_stages else per_method(  # noqa: E731
+            "stages", plen, self.measure_stages, 30)
 
-        if a.skip_stages:
-            stages = lambda plen: None  # noqa: E731
         first = a.prompt_lens[0]
         loops(first)
         stages(first)

@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 from domino_jax.decode.__main__ import main
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures", "reference")
@@ -65,8 +67,7 @@ def test_attention_flag_reaches_load_pair(monkeypatch, capsys):
     for extra, expected in (([], "xla"), (["--attention", "pallas"], "pallas")):
         assert main(["--target", target] + extra) == 2
         assert seen[-1] == expected
-    try:
+    with pytest.raises(SystemExit) as stop:
         main(["--target", target, "--attention", "flash"])
-    except SystemExit as e:
-        assert e.code == 2
+    assert stop.value.code == 2
     assert "invalid choice: 'flash'" in capsys.readouterr().err

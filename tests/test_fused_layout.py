@@ -145,4 +145,4 @@ def test_load_pair_attention_option():
     default, *_ = load_pair(os.path.join(folder, "target"), None, "ar", jnp.float32)
     assert default.attention_impl == "xla"
     with pytest.raises(ValueError, match="unknown attention implementation 'flash'"):
-        load_pair(os.path.join(folder, "target"), None, "ar", jnp.float32, attention="flash")
+        load_pair(os.path.join(folder, "missing"), None, "ar", jnp.float32, attention="flash")

@@ -59,12 +59,10 @@ def load_pair(target_dir: str, draft_dir: str | None, method: str, dtype=jnp.bfl
     from converters.hf_draft import load_draft
     from converters.hf_target import load_target
     from domino_jax.models.fused_layout import fuse_model, head_decode_params
-    from domino_jax.pallas import ATTENTION_IMPLEMENTATIONS
+    from domino_jax.pallas import check_attention_implementation
     from domino_jax.models.qwen3 import TargetLM
 
-    if attention not in ATTENTION_IMPLEMENTATIONS:
-        raise ValueError(f"unknown attention implementation {attention!r}; choose one of "
-                         f"{ATTENTION_IMPLEMENTATIONS}")
+    check_attention_implementation(attention)
     target_config = TargetConfig.from_path(target_dir)
     drafter = draft_params = None
     if draft_dir is not None:

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 
 from domino_jax.config import DraftConfig
 from domino_jax.decode.tree import DraftTree, dominotree_child_state, dominotree_scorer
-from domino_jax.models.domino_head import _matmul, gru_update, token_input_gates
+from domino_jax.models.domino_head import gru_update, state_products, token_input_gates
 from domino_jax.topk import top_k
 
 ChildrenFn = Callable[[Any, int], tuple[jax.Array, jax.Array]]   # (states [W,..], d) -> [W, c] x2
@@ -124,9 +124,10 @@ def frontier_dominotree(head_params: dict[str, Any], draft_config: DraftConfig,
     step for the ``W`` kept children.
 
     With the head in its decode layout (``state_proj``, ``[W1_s | W_hh]``), a lane carries its
-    state's product with that kernel, made once when the state is made: the depth step then
-    has one state product (``[W, G] x [G, E + 3G]``) instead of two (``W1_s`` for scoring
-    the lane's children, ``W_hh`` for their states)."""
+    state's products with that kernel (:func:`~domino_jax.models.domino_head.state_products`),
+    made once when the state is made: the depth step then has one state product (``[W, G] x
+    [G, E + 3G]``) instead of two (``W1_s`` for scoring the lane's children, ``W_hh`` for
+    their states)."""
     k_depth = base_logits.shape[0]
     children, _ = dominotree_scorer(head_params, draft_config, draft_hidden, base_logits,
                                     node_topk, topm, marginal)
@@ -136,19 +137,15 @@ def frontier_dominotree(head_params: dict[str, Any], draft_config: DraftConfig,
         advance = lambda parent_states, tokens: dominotree_child_state(  # noqa: E731
             head_params, embed_table, parent_states, tokens)
         return frontier_tree(children, advance, root_state, k_depth, budget)
-    kernel = head_params["state_proj"]["kernel"]                       # [G, E + 3G]
-    emb_dim = head_params["embed_proj_0"]["kernel"].shape[1]
-    project = lambda state: _matmul(state, kernel)                     # noqa: E731
+    lane = lambda state: (state, state_products(head_params, state))   # noqa: E731
 
     def children_of_lanes(lanes, d):
-        state, product = lanes
-        return children(state, d, product[..., :emb_dim])
+        state, (state_w1, _) = lanes
+        return children(state, d, state_w1)
 
     def advance_lanes(parent_lanes, tokens):
-        state, product = parent_lanes
+        state, (_, state_hh) = parent_lanes
         gates = token_input_gates(head_params, embed_table, tokens, state.dtype)
-        new_state = gru_update(gates, product[..., emb_dim:], state)
-        return new_state, project(new_state)
+        return lane(gru_update(gates, state_hh, state))
 
-    return frontier_tree(children_of_lanes, advance_lanes, (root_state, project(root_state)),
-                         k_depth, budget)
+    return frontier_tree(children_of_lanes, advance_lanes, lane(root_state), k_depth, budget)

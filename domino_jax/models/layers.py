@@ -18,7 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from domino_jax.pallas import ATTENTION_IMPLEMENTATIONS
+from domino_jax.pallas import check_attention_implementation
 
 Dtype = Any
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: fully masked rows give no NaN
@@ -64,12 +64,13 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array,
     * ``"pallas"``: the split-K kernel :func:`domino_jax.pallas.cache_attention.cache_attention`
       (GPU; few query rows over a cache). Fails fast (``ValueError`` naming the reason) on
       another backend or for shapes it does not take;
-    * every choice but ``"reference"`` takes the ``"xla"`` path for more than
-      ``MAX_ROWS = 256`` query rows per KV head (``T * nH / nKV``: a prefill, not the
-      kernel's job);
     * ``"pallas_interpret"``: the same kernel in the Pallas interpreter (CPU tests);
     * ``"auto"``: the kernel on a GPU when it takes the shapes and dtypes, else ``"xla"``
       (with a warning when a GPU falls back).
+
+    Every choice but ``"reference"`` takes the ``"xla"`` path for more than ``MAX_ROWS =
+    256`` query rows per KV head (``T * nH / nKV``: a prefill, not the kernel's job).
+    :func:`resolve_attention` makes the choice.
 
     Args:
       q: ``[B, T, nH, D]`` queries (already rotated).
@@ -120,9 +121,7 @@ def resolve_attention(implementation: str, q: jax.Array, k: jax.Array, v: jax.Ar
     ``"reference"``, ``"pallas"`` or ``"pallas_interpret"`` (``k`` one layer ``[B, S, nKV,
     D]``). Raises ``ValueError`` for an unknown name or an explicit kernel request it cannot
     serve; ``"auto"`` falls back to ``"xla"`` (warning on a GPU)."""
-    if implementation not in ATTENTION_IMPLEMENTATIONS:
-        raise ValueError(f"unknown attention implementation {implementation!r}; choose one of "
-                         f"{ATTENTION_IMPLEMENTATIONS}")
+    check_attention_implementation(implementation)
     if implementation in ("xla", "reference"):
         return implementation
     from domino_jax.pallas import cache_attention as kernel

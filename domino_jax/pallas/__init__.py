@@ -10,3 +10,11 @@ This package's ``__init__`` imports no jax (the CLI builds its parser from it).
 # Values of ``models.layers.attend(implementation=)``, ``load_pair(attention=)`` and the CLI's
 # ``--attention``.
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "reference", "pallas", "pallas_interpret")
+
+
+def check_attention_implementation(name: str) -> None:
+    """Raise ``ValueError`` naming ``name`` and the choices unless it is one of
+    :data:`ATTENTION_IMPLEMENTATIONS`."""
+    if name not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(f"unknown attention implementation {name!r}; choose one of "
+                         f"{ATTENTION_IMPLEMENTATIONS}")

@@ -19,8 +19,8 @@ every query row with at least one visible key, in the flash form:
   are never read: the unused capacity of the cache costs nothing.
 * With ``layer=`` the kernel reads one layer of the stacked ``[L, B, S, nKV, D]`` cache in
   place (a layer slice given to a custom call is first copied out by XLA).
-* :func:`combine_partials` (plain XLA: a few small fusions, ~6 us per layer on the H200)
-  merges the runs.
+* :func:`combine_partials` (plain XLA: a few small fusions, an estimated ~4-6 us per layer
+  on the H200 with the query pad and output slice) merges the runs.
 
 Status (``benchmarks/NOTES.md`` entry 15): opt-in. On the H200 the slice-taking version was
 4-40% faster than XLA's attention in isolation and a wash in the decode loops; the in-place
@@ -46,7 +46,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)   # same as models.layers.MASK_VALUE
+from domino_jax.models.layers import MASK_VALUE
 TARGET_PROGRAMS = 512     # programs per call the splits aim for (H200: 132 SMs)
 
 
