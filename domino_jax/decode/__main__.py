@@ -96,7 +96,8 @@ def _run(args) -> int:
     import jax
     import jax.numpy as jnp
 
-    from domino_jax.decode.loading import load_pair, load_tokenizer, default_models
+    from domino_jax.decode.loading import (default_models, encode_prompt, load_pair,
+                                          load_tokenizer, stop_token_ids)
     from domino_jax.decode.sampling import SamplingConfig
     from domino_jax.decode.speculative import METHODS, DecodeConfig, generate
 
@@ -126,8 +127,8 @@ def _run(args) -> int:
         with open(args.prompt_file) as f:
             texts += [line.strip() for line in f if line.strip()]
     texts = texts or [DEFAULT_PROMPT]
-    prompts = [encode(tokenizer, t, args.chat) for t in texts]
-    stop_ids = tuple(sorted(set(args.stop_id) | set(eos_ids(tokenizer, target.config))))
+    prompts = [encode_prompt(tokenizer, t, args.chat) for t in texts]
+    stop_ids = stop_token_ids(tokenizer, target.config, args.stop_id)
     config = DecodeConfig(
         method=method, max_new_tokens=args.max_new_tokens,
         sampling=SamplingConfig(args.temperature, args.top_k, args.top_p),
@@ -162,24 +163,6 @@ def _run(args) -> int:
               + ("" if args.temperature == 0 else " (expected at T > 0: different samples)"),
               file=sys.stderr)
     return 0
-
-
-def encode(tokenizer, text: str, chat: bool) -> list[int]:
-    if chat and getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                            add_generation_prompt=True, tokenize=True,
-                                            enable_thinking=False)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return list(ids)
-    return tokenizer.encode(text)
-
-
-def eos_ids(tokenizer, target_config) -> list[int]:
-    ids = set(target_config.eos_token_ids)
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return sorted(ids)
 
 
 def summary_line(method: str, result) -> str:

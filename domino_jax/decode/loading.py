@@ -106,3 +106,28 @@ def load_tokenizer(target_dir: str):
     except (OSError, ValueError) as e:
         raise FileNotFoundError(f"{target_dir}: no usable tokenizer (tokenizer.json / "
                                 f"tokenizer_config.json): {e}") from e
+
+
+def encode_prompt(tokenizer, text: str, chat: bool = True) -> list[int]:
+    """The token ids of one user prompt, as every part of domino_jax encodes it (decode CLI,
+    self-distillation data, benchmarks): with ``chat`` and a tokenizer that has a chat
+    template, the one-turn conversation ``[{"role": "user", "content": text}]`` with the
+    generation prompt added and **thinking off** (``enable_thinking=False``: a Qwen3
+    template then writes the empty ``<think></think>`` block; templates without the variable
+    ignore it); otherwise the raw text (``tokenizer.encode``)."""
+    if chat and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                            add_generation_prompt=True, tokenize=True,
+                                            enable_thinking=False)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return [int(t) for t in ids]
+    return [int(t) for t in tokenizer.encode(text)]
+
+
+def stop_token_ids(tokenizer, target_config=None, extra=()) -> tuple[int, ...]:
+    """Sorted stop ids: the target config's ``eos_token_ids``, the tokenizer's eos, ``extra``."""
+    ids = {int(t) for t in extra} | set(getattr(target_config, "eos_token_ids", ()) or ())
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return tuple(sorted(ids))

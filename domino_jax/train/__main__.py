@@ -4,7 +4,9 @@
         --drafter domino --draft-layers 2 --block-size 16 --gru-hidden-dim 256 --emb-dim 64 \\
         --steps 1000 --batch-size 32 --lr 6e-4 [--resume]
 
-Build the data first with ``python -m domino_jax.train.data --target DIR --out data.npz``.
+Build the data first: ``python -m domino_jax.train.shards generate --corpus C.jsonl --out
+SHARDS`` (then ``--data SHARDS``, streamed) or ``python -m domino_jax.train.data --out
+data.npz``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m domino_jax.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default=None, help="HF target folder (default: demo SmolLM2)")
-    p.add_argument("--data", required=True, help=".npz/.jsonl from domino_jax.train.data")
+    p.add_argument("--data", required=True, help="shards directory (domino_jax.train.shards) "
+                   "or .npz/.jsonl file (domino_jax.train.data)")
+    # shards: select examples by label
+    p.add_argument("--data-kinds", default=None,
+                   help="shards only: comma list of corpus kinds to train on (default: all)")
+    p.add_argument("--data-modes", default=None,
+                   help="shards only: comma list of response modes, greedy,sampled (default: "
+                        "all)")
     p.add_argument("--out", required=True, help="run folder (checkpoints, metrics, draft/)")
     p.add_argument("--drafter", choices=DRAFTERS, default="domino")
     p.add_argument("--draft-layers", type=int, default=2)
@@ -75,9 +84,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     if target_dir is None:
         from domino_jax.demo_model import demo_target_dir
         target_dir = demo_target_dir()
+    examples = None
+    if args.data_kinds or args.data_modes:
+        from domino_jax.train.data import load_dataset
+
+        split = lambda text: text.split(",") if text else None
+        examples = load_dataset(args.data, split(args.data_kinds), split(args.data_modes))
     result = train(cfg, target_dir, args.data, args.out, args.draft_layers, args.block_size,
                    args.gru_hidden_dim, args.emb_dim, args.mask_token_id, args.resume,
-                   progress=not args.no_progress)
+                   examples=examples, progress=not args.no_progress)
     last = result.history[-1] if result.history else {}
     print(json.dumps({"drafter": cfg.drafter, "steps": cfg.steps, "seconds": round(result.seconds, 1),
                       "final_loss": last.get("loss"), "acc": last.get("acc"),

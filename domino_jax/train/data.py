@@ -14,6 +14,11 @@ so a resumed run sees exactly the batches it would have seen.
 
 CLI: ``python -m domino_jax.train.data --target DIR --out FILE --num-prompts N
 --max-new-tokens M`` (also writes ``FILE.eval.jsonl`` with the held-out prompts).
+
+At scale, data lives in a shards directory (:mod:`domino_jax.train.shards`: resumable,
+appendable generation from a corpus); :func:`load_dataset` returns a lazy
+:class:`~domino_jax.train.shard_store.ShardDataset` for one and :func:`filter_examples`
+filters it from recorded lengths, so training streams it (nothing loaded whole).
 """
 
 from __future__ import annotations
@@ -29,6 +34,10 @@ import time
 from typing import Iterator, Sequence
 
 import numpy as np
+
+from domino_jax.decode.loading import encode_prompt as chat_ids  # noqa: F401 (public name)
+from domino_jax.decode.loading import stop_token_ids as stop_ids_of  # noqa: F401
+from domino_jax.train.shard_store import ShardDataset
 
 log = logging.getLogger(__name__)
 
@@ -168,68 +177,48 @@ def split_prompts(prompts: Sequence[str], eval_fraction: float = 0.05
     return train, held
 
 
-def chat_ids(tokenizer, prompt: str) -> list[int]:
-    """Chat-templated prompt (generation prompt added) as token ids."""
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                        add_generation_prompt=True, tokenize=True)
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-        ids = ids["input_ids"]
-    return [int(t) for t in ids]
-
-
-def stop_ids_of(tokenizer, target_config=None) -> tuple[int, ...]:
-    ids = set(getattr(target_config, "eos_token_ids", ()) or ())
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return tuple(sorted(ids))
-
-
 # ----------------------------------------------------------------------------- generation
 
 def generate_dataset(target, target_params, tokenizer, prompts: Sequence[str],
                      max_new_tokens: int, batch_size: int, temperature: float = 0.0,
                      seed: int = 0, max_prompt_len: int = 256,
                      stop_token_ids: Sequence[int] | None = None) -> list[dict]:
-    """The target's own responses to ``prompts`` (batched AR ``generate``).
-
-    Every batch has the same shape ``[batch_size, width]`` (``width`` = the longest kept
-    prompt; one filler row of that width per batch, its output discarded), so the decode
-    loop compiles once. Prompts longer than ``max_prompt_len`` tokens are skipped.
-    ``tokenizer`` may also be a callable ``prompt -> ids``.
+    """The target's own responses to ``prompts``, in memory, in prompt order (prompts of
+    more than ``max_prompt_len`` tokens are skipped). Batched like the shards generator
+    (:func:`domino_jax.train.shards.plan_batches`: fixed ``[batch_size, width]`` programs,
+    one per prompt-length bucket). ``tokenizer`` may also be a callable ``prompt -> ids``.
+    For large runs use ``python -m domino_jax.train.shards generate`` (resumable, on disk).
     """
     from domino_jax.decode.sampling import SamplingConfig
-    from domino_jax.decode.speculative import DecodeConfig, generate
+    from domino_jax.decode.speculative import DecodeConfig, prompt_bucket
+    from domino_jax.train.shards import plan_batches, run_batch
 
     encode = tokenizer if callable(tokenizer) and not hasattr(tokenizer, "apply_chat_template") \
         else (lambda p: chat_ids(tokenizer, p))
     if stop_token_ids is None:
         stop_token_ids = stop_ids_of(tokenizer, target.config)
-    encoded = [(p, encode(p)) for p in prompts]
-    encoded = [(p, ids) for p, ids in encoded if 0 < len(ids) <= max_prompt_len]
+    encoded = [encode(p) for p in prompts]
+    encoded = [ids for ids in encoded if 0 < len(ids) <= max_prompt_len]
     if not encoded:
         raise ValueError(f"no prompt of at most {max_prompt_len} tokens to generate from")
-    width = max(len(ids) for _, ids in encoded)
-    per_batch = max(1, batch_size - 1)
+    top = prompt_bucket(max_prompt_len)
+    widths = sorted({min(w, top) for w in (64, 128, 256)} | {top})
+    batches, _ = plan_batches([len(ids) for ids in encoded], widths, batch_size)
     config = DecodeConfig(method="ar", max_new_tokens=max_new_tokens,
                           sampling=SamplingConfig(temperature=temperature),
                           stop_token_ids=tuple(stop_token_ids))
-    examples, t0, new_tokens = [], time.perf_counter(), 0
-    for b, start in enumerate(range(0, len(encoded), per_batch)):
-        chunk = encoded[start:start + per_batch]
-        rows = [ids for _, ids in chunk]
-        filler = [rows[0][0]] * width
-        rows = rows + [filler] * (batch_size - len(rows))
-        result = generate(target, target_params, rows, config, seed=seed + b)
-        for (_, ids), response in zip(chunk, result.tokens):
-            if not response:
-                continue
-            examples.append({"input_ids": np.asarray(ids + response, np.int32),
-                             "loss_mask": np.asarray([0] * len(ids) + [1] * len(response),
-                                                     np.int32)})
-            new_tokens += len(response)
-        log.info("generated batch %d: %d examples, %.0f new tokens/s", b, len(examples),
+    responses: dict[int, list[int]] = {}
+    t0, new_tokens = time.perf_counter(), 0
+    for b, (width, chunk) in enumerate(batches):
+        out, _ = run_batch(target, target_params, [encoded[p] for p in chunk], width,
+                           batch_size, config, seed + b)
+        responses.update(zip(chunk, out))
+        new_tokens += sum(len(r) for r in out)
+        log.info("generated batch %d/%d: %.0f new tokens/s", b + 1, len(batches),
                  new_tokens / max(time.perf_counter() - t0, 1e-9))
-    return examples
+    return [{"input_ids": np.asarray(ids + responses[p], np.int32),
+             "loss_mask": np.asarray([0] * len(ids) + [1] * len(responses[p]), np.int32)}
+            for p, ids in enumerate(encoded) if responses[p]]
 
 
 # ----------------------------------------------------------------------------- storage
@@ -251,10 +240,20 @@ def save_dataset(path: str, examples: Sequence[dict]) -> None:
     np.savez(path, input_ids=cat("input_ids"), loss_mask=cat("loss_mask"), offsets=offsets)
 
 
-def load_dataset(path: str) -> list[dict]:
+def load_dataset(path: str, kinds: Sequence[str] | None = None,
+                 modes: Sequence[str] | None = None):
+    """The examples in ``path``: a shards directory gives a lazy :class:`ShardDataset`
+    (optionally only some ``kinds`` / ``modes``); a ``.jsonl`` / ``.npz`` file gives a list
+    of examples in memory."""
+    if os.path.isdir(path):
+        return ShardDataset(path, kinds=kinds, modes=modes)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"training data {path!r} not found (build it with "
-                                "`python -m domino_jax.train.data --out FILE ...`)")
+                                "`python -m domino_jax.train.shards generate --out DIR ...` "
+                                "or `python -m domino_jax.train.data --out FILE ...`)")
+    if kinds is not None or modes is not None:
+        raise ValueError(f"{path}: selecting kinds/modes needs a shards directory (.npz and "
+                         ".jsonl data carry no labels)")
     if path.endswith(".jsonl"):
         with open(path) as f:
             return [{k: np.asarray(v, np.int32) for k, v in json.loads(line).items()}
@@ -265,9 +264,12 @@ def load_dataset(path: str) -> list[dict]:
 
 
 def filter_examples(examples: Sequence[dict], min_loss_tokens: int, max_length: int
-                    ) -> list[dict]:
+                    ) -> Sequence[dict]:
     """Drop examples with fewer than ``min_loss_tokens`` response tokens inside
-    ``max_length`` (SpecForge drops samples with fewer than ``2 * block_size``)."""
+    ``max_length`` (SpecForge drops samples with fewer than ``2 * block_size``). A
+    :class:`ShardDataset` is filtered from its recorded lengths (a view; no token reads)."""
+    if isinstance(examples, ShardDataset):
+        return examples.filter(min_loss_tokens, max_length)
     return [ex for ex in examples if int(np.sum(ex["loss_mask"][:max_length])) >= min_loss_tokens]
 
 

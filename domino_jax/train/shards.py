@@ -1,0 +1,445 @@
+"""Self-distillation at scale: the target answers corpus prompts, written as shards.
+
+    python -m domino_jax.train.shards generate --corpus corpus/train.jsonl --out shards/ \\
+        --modes greedy,sampled --max-new-tokens 256 --batch-size 256 [--temperature 1.0] \\
+        [--target DIR] [--limit N] [--shard-examples 8192] [--dtype bfloat16]
+    python -m domino_jax.train.shards merge --out shards/ machine_b_shards/ [...]
+    python -m domino_jax.train.shards info shards/ [--verify]
+
+Input: corpus records ``{"id", "kind", "source", "prompt"}``, one JSON object a line.
+Every prompt is chat-templated (:func:`domino_jax.decode.loading.encode_prompt`, thinking
+off) and answered by the target's jitted AR loop once per mode: ``greedy`` (T = 0) and
+``sampled`` (``--temperature``/``--top-p``/``--top-k``); both are kept, labelled with their
+mode. Output: a shards directory (:mod:`domino_jax.train.shard_store`), read back by
+:class:`ShardDataset` and by ``train --data SHARDS``.
+
+Speed: prompts are bucketed by token length into a few fixed widths (``--widths``, default
+64,128,256,512; longer prompts are skipped and counted) and every batch has the same
+``--batch-size`` rows (short batches are filled with discarded filler rows), so one program
+per (mode, width) compiles. One host sync per batch (the whole batch's decode loop runs on
+the device).
+
+Resume: the ``(id, mode)`` pairs already in the manifest are skipped, so a run that stopped
+(crash, ``--limit``, a lost machine) continues where it stopped and never writes a pair
+twice. Shards are flushed at batch boundaries, so the done pairs of an interrupted run are a
+prefix of the same plan; each batch's sampling seed is a hash of ``(--seed, mode, the
+batch's ids)``, so a resumed run writes the same examples as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+
+from domino_jax.decode.sampling import SamplingConfig
+from domino_jax.decode.speculative import DecodeConfig, generate, prompt_bucket
+from domino_jax.train.shard_store import (META_KEYS, ShardDataset, ShardError, ShardWriter,
+                                          merge_shards, pack_examples, read_manifest,
+                                          token_dtype, verify_shards)
+
+log = logging.getLogger(__name__)
+
+MODES = ("greedy", "sampled")
+DEFAULT_WIDTHS = (64, 128, 256, 512)
+SHARD_BYTES = 14 << 20        # flush a shard's tokens before ~14 MiB (16 MiB transfer parts)
+
+__all__ = ["MODES", "GenerationSettings", "ShardDataset", "generate_shards", "merge_shards",
+           "plan_batches", "read_records", "run_batch"]
+
+
+# ----------------------------------------------------------------------------- inputs
+
+def read_records(path: str) -> list[dict]:
+    """Corpus records from a ``.jsonl`` file: ``id`` and ``prompt`` (non-empty strings) are
+    required, ``kind`` and ``source`` default to ``"unknown"``. Errors name ``file:line``."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"corpus file {path!r} not found")
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from e
+            if not isinstance(record, dict):
+                raise ValueError(f"{where}: expected a JSON object "
+                                 '{"id", "kind", "source", "prompt"}')
+            for key in ("id", "prompt"):
+                if not isinstance(record.get(key), str) or not record[key]:
+                    raise ValueError(f"{where}: key {key!r} is missing or not a non-empty "
+                                     "string")
+            for key in ("kind", "source"):
+                if not isinstance(record.get(key, "unknown"), str):
+                    raise ValueError(f"{where}: key {key!r} must be a string")
+            records.append({"id": record["id"], "kind": record.get("kind", "unknown"),
+                            "source": record.get("source", "unknown"),
+                            "prompt": record["prompt"]})
+    return records
+
+
+def check_modes(modes: Sequence[str] | str) -> tuple[str, ...]:
+    modes = tuple(m.strip() for m in modes.split(",")) if isinstance(modes, str) else tuple(modes)
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise ValueError(f"unknown mode(s) {unknown or modes!r}; choose from {', '.join(MODES)}")
+    return tuple(dict.fromkeys(modes))
+
+
+def check_widths(widths: Sequence[int]) -> tuple[int, ...]:
+    """Sorted distinct widths, each one a padded width of ``prompt_bucket`` (16..256 powers
+    of two, then multiples of 256), so a batch's padded width is its bucket's width."""
+    widths = tuple(sorted(set(int(w) for w in widths)))
+    bad = [w for w in widths if w < 1 or prompt_bucket(w) != w]
+    if bad or not widths:
+        raise ValueError(f"bad prompt width(s) {bad or widths}: use powers of two from 16 to "
+                         "256, then multiples of 256 (e.g. 64,128,256,512)")
+    return widths
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationSettings:
+    """How responses are generated (recorded per shard in the manifest)."""
+
+    max_new_tokens: int = 256
+    batch_size: int = 256
+    widths: tuple[int, ...] = DEFAULT_WIDTHS
+    temperature: float = 1.0          # mode "sampled"; "greedy" is T = 0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "widths", check_widths(self.widths))
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not np.isfinite(self.temperature) or self.temperature <= 0:
+            raise ValueError(f"the sampled mode needs a finite temperature > 0, got "
+                             f"{self.temperature}")
+        self.sampling("sampled")       # validates top_p / top_k
+
+    def sampling(self, mode: str) -> SamplingConfig:
+        if mode == "greedy":
+            return SamplingConfig()
+        return SamplingConfig(self.temperature, self.top_k, self.top_p)
+
+    def decode_config(self, mode: str) -> DecodeConfig:
+        return DecodeConfig(method="ar", max_new_tokens=self.max_new_tokens,
+                            sampling=self.sampling(mode),
+                            stop_token_ids=tuple(self.stop_token_ids))
+
+    def record(self, modes: Sequence[str]) -> dict:
+        """JSON for the manifest: the common settings and each mode's sampling."""
+        return {"max_new_tokens": self.max_new_tokens, "batch_size": self.batch_size,
+                "widths": list(self.widths), "seed": self.seed,
+                "stop_token_ids": list(self.stop_token_ids),
+                "modes": {m: dataclasses.asdict(self.sampling(m)) for m in modes}}
+
+
+# ----------------------------------------------------------------------------- batches
+
+def plan_batches(lengths: Sequence[int], widths: Sequence[int], batch_size: int
+                 ) -> tuple[list[tuple[int, list[int]]], list[int]]:
+    """``(batches, too_long)``: each batch ``(width, positions)`` holds at most
+    ``batch_size`` prompts (positions into ``lengths``, in order) of the smallest width that
+    fits them; ``too_long`` lists the prompts longer than every width.
+
+    A full batch whose longest prompt would pad to less than its width gives up one row to
+    a full-width filler (:func:`run_batch`), so every batch of a width runs one program
+    (with ``batch_size == 1`` a short prompt may pad narrower)."""
+    widths = check_widths(widths)
+    buckets: dict[int, list[int]] = {w: [] for w in widths}
+    too_long = []
+    for position, n in enumerate(lengths):
+        width = next((w for w in widths if n <= w), None)
+        (buckets[width] if width is not None else too_long).append(position)
+    batches = []
+    for width in widths:
+        rows, start = buckets[width], 0
+        while start < len(rows):
+            chunk = rows[start:start + batch_size]
+            if (len(chunk) == batch_size > 1
+                    and prompt_bucket(max(lengths[p] for p in chunk)) < width):
+                chunk = chunk[:-1]
+            batches.append((width, chunk))
+            start += len(chunk)
+    return batches, too_long
+
+
+def run_batch(target, target_params, prompts: Sequence[Sequence[int]], width: int,
+              batch_size: int, config: DecodeConfig, seed: int):
+    """``(responses, result)``: the target's responses (stop token included, at most
+    ``config.max_new_tokens``) to ``prompts`` (at most ``batch_size`` token lists of at
+    most ``width`` tokens), run as one ``[batch_size, width]`` :func:`generate` call; the
+    rows after the prompts are fillers of ``width`` tokens whose output is discarded."""
+    if len(prompts) > batch_size:
+        raise ValueError(f"{len(prompts)} prompts do not fit a batch of {batch_size}")
+    rows = [list(p) for p in prompts] + [[0] * width] * (batch_size - len(prompts))
+    result = generate(target, target_params, rows, config, seed=seed)
+    return result.tokens[:len(prompts)], result
+
+
+def batch_seed(seed: int, mode: str, ids: Sequence[str]) -> int:
+    """The sampling seed of a batch: a hash of ``(seed, mode, ids)`` (independent of where
+    the batch falls in a run, so resumed and uninterrupted runs agree)."""
+    digest = hashlib.sha256(f"{seed}\0{mode}\0".encode() + "\0".join(ids).encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+# ----------------------------------------------------------------------------- generation
+
+class _Pending:
+    """Examples generated but not yet written (flushed as one shard)."""
+
+    def __init__(self):
+        self.clear()
+
+    def clear(self) -> None:
+        self.prompts, self.responses, self.stopped = [], [], []
+        self.meta = {k: [] for k in META_KEYS}
+        self.tokens = 0
+
+    def add(self, record: dict, mode: str, prompt: list[int], response: list[int],
+            stopped: bool) -> None:
+        for key, value in zip(META_KEYS, (record["id"], record["kind"], record["source"], mode)):
+            self.meta[key].append(value)
+        self.prompts.append(prompt)
+        self.responses.append(response)
+        self.stopped.append(stopped)
+        self.tokens += len(prompt) + len(response)
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+
+def generate_shards(records: Sequence[dict], out_dir: str, target, target_params,
+                    encode: Callable[[str], list[int]], target_info: dict,
+                    settings: GenerationSettings = GenerationSettings(),
+                    modes: Sequence[str] = ("greedy",), shard_examples: int = 8192,
+                    shard_bytes: int = SHARD_BYTES, progress: bool = True,
+                    on_batch: Callable[[int], None] | None = None) -> dict:
+    """Answer every ``(record, mode)`` not yet in ``out_dir`` and write the examples as
+    shards (each at most ``shard_examples`` examples and about ``shard_bytes`` of tokens,
+    written at batch boundaries). ``encode(prompt) -> ids`` is the prompt encoder (the CLI
+    uses the chat template); ``target_info`` is ``{"name", "vocab_size", "fingerprint"}``
+    (:func:`target_fingerprint`). ``on_batch(batches_done)`` is called after each batch
+    (tests interrupt a run by raising from it). Returns a summary (counts, seconds,
+    response tokens/s)."""
+    from tqdm.auto import tqdm
+
+    modes = check_modes(modes)
+    if shard_examples < 1:
+        raise ValueError(f"shard_examples must be >= 1, got {shard_examples}")
+    unique, seen = [], set()
+    for record in records:
+        if record["id"] in seen:
+            log.warning("duplicate corpus id %s: keeping its first record", record["id"])
+            continue
+        seen.add(record["id"])
+        unique.append(record)
+    stats = dict(written=0, already_done=0, skipped_too_long=0, skipped_empty=0, batches=0,
+                 response_tokens=0, prompt_tokens=0, compile_seconds=0.0, device_seconds=0.0)
+    t_start = time.perf_counter()
+    with ShardWriter(out_dir, target_info) as writer:
+        todo = {m: [r for r in unique if (r["id"], m) not in writer.done] for m in modes}
+        stats["already_done"] = len(unique) * len(modes) - sum(len(v) for v in todo.values())
+        needed = {r["id"]: r["prompt"] for m in modes for r in todo[m]}
+        ids_of = {i: encode(p) for i, p in needed.items()}
+        stop_ids = set(settings.stop_token_ids)
+        pending = _Pending()
+        bar = tqdm(total=sum(len(v) for v in todo.values()), unit="ex", disable=not progress,
+                   desc="self-distill", dynamic_ncols=True)
+
+        def flush():
+            if len(pending):
+                tokens, index = pack_examples(pending.prompts, pending.responses, writer.dtype)
+                index["stopped"] = pending.stopped
+                name = writer.write_shard(tokens, index, pending.meta,
+                                          settings.record(sorted(set(pending.meta["modes"]))))
+                log.info("wrote %s: %d examples, %d tokens", name, len(pending), len(tokens))
+            pending.clear()
+
+        for mode in modes:
+            config = settings.decode_config(mode)
+            recs = [r for r in todo[mode] if ids_of[r["id"]]]
+            stats["skipped_empty"] += len(todo[mode]) - len(recs)
+            batches, too_long = plan_batches([len(ids_of[r["id"]]) for r in recs],
+                                             settings.widths, settings.batch_size)
+            if too_long:
+                log.warning("%s: %d prompts longer than %d tokens skipped", mode, len(too_long),
+                            settings.widths[-1])
+            stats["skipped_too_long"] += len(too_long)
+            bar.total -= len(too_long) + len(todo[mode]) - len(recs)
+            bar.refresh()
+            for width, chunk in batches:
+                batch = [recs[p] for p in chunk]
+                prompts = [ids_of[r["id"]] for r in batch]
+                responses, result = run_batch(target, target_params, prompts, width,
+                                              settings.batch_size, config,
+                                              batch_seed(settings.seed, mode,
+                                                         [r["id"] for r in batch]))
+                for record, prompt, response in zip(batch, prompts, responses):
+                    pending.add(record, mode, prompt, response,
+                                bool(response) and response[-1] in stop_ids)
+                    stats["response_tokens"] += len(response)
+                    stats["prompt_tokens"] += len(prompt)
+                stats["written"] += len(batch)
+                stats["batches"] += 1
+                stats["compile_seconds"] += result.compile_seconds
+                stats["device_seconds"] += result.prefill_seconds + result.decode_seconds
+                elapsed = time.perf_counter() - t_start
+                bar.update(len(batch))
+                bar.set_postfix(mode=mode, width=width,
+                                tok_s=f"{stats['response_tokens'] / max(elapsed, 1e-9):.0f}")
+                if len(pending) >= shard_examples or \
+                        pending.tokens * writer.dtype.itemsize >= shard_bytes:
+                    flush()
+                if on_batch is not None:
+                    on_batch(stats["batches"])
+        flush()
+        bar.close()
+    seconds = time.perf_counter() - t_start
+    stats.update(seconds=round(seconds, 3),
+                 tokens_per_second=round(stats["response_tokens"] / max(seconds, 1e-9), 1),
+                 device_tokens_per_second=round(
+                     stats["response_tokens"] / max(stats["device_seconds"], 1e-9), 1),
+                 compile_seconds=round(stats["compile_seconds"], 3),
+                 device_seconds=round(stats["device_seconds"], 3), out=out_dir)
+    log.info("self-distillation: %s", json.dumps(stats))
+    return stats
+
+
+def target_fingerprint(target_dir: str) -> str:
+    """sha256 over the target folder's config, tokenizer files and the safetensors headers
+    (tensor names, dtypes, shapes, offsets; not the weights), so copies of one target on
+    different machines agree and different targets differ."""
+    digest = hashlib.sha256()
+    for name in sorted(os.listdir(target_dir)):
+        path = os.path.join(target_dir, name)
+        if name in ("config.json", "tokenizer.json", "tokenizer_config.json",
+                    "chat_template.jinja", "special_tokens_map.json"):
+            with open(path, "rb") as f:
+                digest.update(name.encode() + b"\0" + f.read())
+        elif name.endswith(".safetensors"):
+            with open(path, "rb") as f:
+                size = int.from_bytes(f.read(8), "little")
+                digest.update(name.encode() + b"\0" + f.read(min(size, 1 << 26)))
+    return digest.hexdigest()
+
+
+# ----------------------------------------------------------------------------- CLI
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m domino_jax.train.shards",
+                                description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="answer corpus prompts with the target, write shards")
+    g.add_argument("--corpus", required=True, help="corpus .jsonl ({id, kind, source, prompt})")
+    g.add_argument("--out", required=True, help="shards directory (created, or appended to)")
+    g.add_argument("--modes", default="greedy,sampled", help="comma list of greedy,sampled")
+    g.add_argument("--max-new-tokens", type=int, default=256)
+    g.add_argument("--batch-size", type=int, default=256, help="rows per generate call")
+    g.add_argument("--temperature", type=float, default=1.0, help="the sampled mode's T")
+    g.add_argument("--top-p", type=float, default=1.0, help="the sampled mode's top-p")
+    g.add_argument("--top-k", type=int, default=0, help="the sampled mode's top-k (0 = off)")
+    g.add_argument("--target", default=None, help="HF target folder (default: demo SmolLM2)")
+    g.add_argument("--limit", type=int, default=None,
+                   help="use only the first N corpus records (a later run without it resumes)")
+    g.add_argument("--shard-examples", type=int, default=8192, help="examples per shard, max")
+    g.add_argument("--widths", default=",".join(map(str, DEFAULT_WIDTHS)),
+                   help="prompt length buckets (tokens); longer prompts are skipped")
+    g.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--no-progress", action="store_true")
+    m = sub.add_parser("merge", help="add the (id, mode) pairs of SRC dirs missing from --out")
+    m.add_argument("--out", required=True, help="destination shards directory")
+    m.add_argument("sources", nargs="+", help="shards directories to merge in")
+    i = sub.add_parser("info", help="counts per mode and kind")
+    i.add_argument("shards", help="shards directory")
+    i.add_argument("--verify", action="store_true", help="check every file's sha256")
+    return p
+
+
+def _generate(args) -> dict:
+    import jax.numpy as jnp
+
+    from domino_jax.decode.loading import (encode_prompt, load_pair, load_tokenizer,
+                                           stop_token_ids)
+
+    records = read_records(args.corpus)
+    if args.limit is not None:
+        if args.limit < 1:
+            raise ValueError(f"--limit must be >= 1, got {args.limit}")
+        records = records[:args.limit]
+    modes = check_modes(args.modes)
+    try:
+        widths = [int(w) for w in args.widths.split(",")]
+    except ValueError as e:
+        raise ValueError(f"--widths {args.widths!r}: expected comma-separated integers") from e
+    target_dir = args.target
+    if target_dir is None:
+        from domino_jax.demo_model import demo_target_dir
+        target_dir = demo_target_dir()
+    if not os.path.isdir(target_dir):
+        raise FileNotFoundError(f"--target {target_dir!r} is not a folder")
+    tokenizer = load_tokenizer(target_dir)
+    target, target_params, _, _ = load_pair(target_dir, None, "ar", jnp.dtype(args.dtype))
+    settings = GenerationSettings(
+        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, widths=tuple(widths),
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+        stop_token_ids=stop_token_ids(tokenizer, target.config))
+    info = {"name": os.path.basename(os.path.normpath(target_dir)),
+            "vocab_size": int(target.config.vocab_size),
+            "fingerprint": target_fingerprint(target_dir)}
+    log.info("target %s (vocab %d, tokens stored as %s), dtype %s, %d records, modes %s",
+             target_dir, info["vocab_size"], token_dtype(info["vocab_size"]), args.dtype,
+             len(records), ",".join(modes))
+    summary = generate_shards(records, args.out, target, target_params,
+                              lambda text: encode_prompt(tokenizer, text), info, settings,
+                              modes, args.shard_examples, progress=not args.no_progress)
+    summary["dtype"] = args.dtype
+    return summary
+
+
+def _info(args) -> dict:
+    manifest = read_manifest(args.shards)
+    out = {"target": manifest["target"], "token_dtype": manifest["token_dtype"],
+           "shards": len(manifest["shards"]), **ShardDataset(args.shards).summary()}
+    if args.verify:
+        out["verified_shards"] = verify_shards(args.shards)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        if args.command == "generate":
+            result = _generate(args)
+        elif args.command == "merge":
+            result = merge_shards(args.out, args.sources)
+        else:
+            result = _info(args)
+    except (ValueError, FileNotFoundError, ShardError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
