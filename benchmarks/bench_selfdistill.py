@@ -22,6 +22,7 @@ import os
 import platform
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -73,10 +74,12 @@ def main() -> None:
                     "--widths", args.widths, "--dtype", dtype, "--no-progress"]
             if args.target:
                 argv += ["--target", args.target]
-            load_before = os.getloadavg()[0]
+            load_before, cpu_before = os.getloadavg()[0], time.process_time()
             summary = run_cli(shards, argv)
+            cpu = time.process_time() - cpu_before
             summary.update(dtype=dtype, phase=phase, load_before=round(load_before, 2),
-                           load_after=round(os.getloadavg()[0], 2))
+                           load_after=round(os.getloadavg()[0], 2), cpu_seconds=round(cpu, 1),
+                           tokens_per_cpu_second=round(summary["response_tokens"] / cpu, 1))
             rows.append(summary)
             commands.append("python -m domino_jax.train.shards " + " ".join(argv))
             print(json.dumps(summary), flush=True)
@@ -119,13 +122,17 @@ def report(meta: dict, rows: list[dict]) -> str:
              "reuses the compiled programs. tok/s counts response tokens (prompt tokens "
              "excluded); `wall` is the whole command (tokenizing, writing shards, compiling), "
              "`device` is the time inside `generate` (prefill + decode loop).", "",
+             "The CPUs are shared with other jobs: `CPU s` is this process's CPU time (all "
+             "threads; it includes target loading), `tok/CPU-s` the rate per CPU-second, "
+             "which contention affects less than the wall-clock rates.", "",
              "| dtype | run | examples | batches | response tokens | wall s | compile s | "
-             "tok/s (wall) | tok/s (device) | load avg before/after |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "tok/s (wall) | tok/s (device) | CPU s | tok/CPU-s | load avg before/after |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['dtype']} | {r['phase']} | {r['written']} | {r['batches']} | "
                      f"{r['response_tokens']} | {r['seconds']:.1f} | {r['compile_seconds']:.1f} "
                      f"| {r['tokens_per_second']:.0f} | {r['device_tokens_per_second']:.0f} | "
+                     f"{r['cpu_seconds']:.0f} | {r['tokens_per_cpu_second']:.0f} | "
                      f"{r['load_before']} / {r['load_after']} |")
     lines += ["", "Commands run (in process, via `domino_jax.train.shards.main`):", ""]
     lines += [f"    {c}" for c in meta["commands"]]

@@ -130,7 +130,7 @@ def pack_examples(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence
     index["start"] = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if len(lengths) else []
     index["prompt_len"] = [len(p) for p in prompts]
     index["response_len"] = [len(r) for r in responses]
-    pieces = [np.asarray(list(p) + list(r), np.int64) for p, r in zip(prompts, responses)]
+    pieces = [np.asarray(x, np.int64) for pair in zip(prompts, responses) for x in pair]
     tokens = np.concatenate(pieces) if pieces else np.zeros((0,), np.int64)
     if tokens.size and (tokens.min() < 0 or tokens.max() > np.iinfo(dtype).max):
         raise ValueError(f"token ids outside [0, {np.iinfo(dtype).max}] cannot be stored as "
@@ -139,6 +139,15 @@ def pack_examples(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence
 
 
 # ----------------------------------------------------------------------------- writing
+
+def _fsync_dir(path: str) -> None:
+    """Make a rename inside ``path`` durable (POSIX)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
 
 class ShardWriter:
     """Exclusive writer of one shards directory (context manager).
@@ -217,6 +226,7 @@ class ShardWriter:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, os.path.join(self.root, MANIFEST))
+        _fsync_dir(self.root)
 
     def _next_name(self) -> str:
         listed = {e["name"] for e in self.manifest["shards"]}
@@ -275,6 +285,7 @@ class ShardWriter:
             with open(os.path.join(tmp, file), "rb") as f:
                 os.fsync(f.fileno())
         os.rename(tmp, os.path.join(self.root, name))
+        _fsync_dir(self.root)
         self.manifest["shards"].append(entry)
         self._write_manifest()
 

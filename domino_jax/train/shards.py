@@ -188,7 +188,7 @@ def run_batch(target, target_params, prompts: Sequence[Sequence[int]], width: in
     rows after the prompts are fillers of ``width`` tokens whose output is discarded."""
     if len(prompts) > batch_size:
         raise ValueError(f"{len(prompts)} prompts do not fit a batch of {batch_size}")
-    rows = [list(p) for p in prompts] + [[0] * width] * (batch_size - len(prompts))
+    rows = list(prompts) + [[0] * width] * (batch_size - len(prompts))
     result = generate(target, target_params, rows, config, seed=seed)
     return result.tokens[:len(prompts)], result
 
@@ -213,7 +213,7 @@ class _Pending:
         self.meta = {k: [] for k in META_KEYS}
         self.tokens = 0
 
-    def add(self, record: dict, mode: str, prompt: list[int], response: list[int],
+    def add(self, record: dict, mode: str, prompt: np.ndarray, response: np.ndarray,
             stopped: bool) -> None:
         for key, value in zip(META_KEYS, (record["id"], record["kind"], record["source"], mode)):
             self.meta[key].append(value)
@@ -258,7 +258,9 @@ def generate_shards(records: Sequence[dict], out_dir: str, target, target_params
         todo = {m: [r for r in unique if (r["id"], m) not in writer.done] for m in modes}
         stats["already_done"] = len(unique) * len(modes) - sum(len(v) for v in todo.values())
         needed = {r["id"]: r["prompt"] for m in modes for r in todo[m]}
-        ids_of = {i: encode(p) for i, p in needed.items()}
+        t0 = time.perf_counter()
+        ids_of = {i: np.asarray(encode(p), np.int32) for i, p in needed.items()}
+        log.info("encoded %d prompts in %.1f s", len(ids_of), time.perf_counter() - t0)
         stop_ids = set(settings.stop_token_ids)
         pending = _Pending()
         bar = tqdm(total=sum(len(v) for v in todo.values()), unit="ex", disable=not progress,
@@ -275,7 +277,7 @@ def generate_shards(records: Sequence[dict], out_dir: str, target, target_params
 
         for mode in modes:
             config = settings.decode_config(mode)
-            recs = [r for r in todo[mode] if ids_of[r["id"]]]
+            recs = [r for r in todo[mode] if len(ids_of[r["id"]])]
             stats["skipped_empty"] += len(todo[mode]) - len(recs)
             batches, too_long = plan_batches([len(ids_of[r["id"]]) for r in recs],
                                              settings.widths, settings.batch_size)
@@ -293,7 +295,7 @@ def generate_shards(records: Sequence[dict], out_dir: str, target, target_params
                                               batch_seed(settings.seed, mode,
                                                          [r["id"] for r in batch]))
                 for record, prompt, response in zip(batch, prompts, responses):
-                    pending.add(record, mode, prompt, response,
+                    pending.add(record, mode, prompt, np.asarray(response, np.int32),
                                 bool(response) and response[-1] in stop_ids)
                     stats["response_tokens"] += len(response)
                     stats["prompt_tokens"] += len(prompt)
