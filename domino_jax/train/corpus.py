@@ -44,7 +44,8 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from domino_jax.train import corpus_chat, corpus_code, corpus_math, corpus_text
-from domino_jax.train.corpus_dedup import BenchmarkFilter, NearDuplicateIndex, prompt_id
+from domino_jax.train.corpus_dedup import (BenchmarkFilter, NearDuplicateIndex, iter_jsonl,
+                                           prompt_id)
 
 log = logging.getLogger(__name__)
 
@@ -360,18 +361,12 @@ def read_corpus(path: str) -> list[dict]:
         raise FileNotFoundError(f"corpus file {path!r} not found (build one with "
                                 "`python -m domino_jax.train.corpus --out DIR`)")
     records = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{number}: not valid JSON ({e})") from e
-            missing = [k for k in RECORD_KEYS if not isinstance(record.get(k), str)]
-            if missing:
-                raise ValueError(f"{path}:{number}: record lacks string field(s) {missing}")
-            records.append(record)
+    for number, record in iter_jsonl(path):
+        missing = [k for k in RECORD_KEYS
+                   if not isinstance(record, dict) or not isinstance(record.get(k), str)]
+        if missing:
+            raise ValueError(f"{path}:{number}: record lacks string field(s) {missing}")
+        records.append(record)
     return records
 
 

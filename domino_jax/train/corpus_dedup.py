@@ -23,7 +23,7 @@ import os
 import re
 import unicodedata
 import zlib
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -264,25 +264,27 @@ def _fingerprint_words(phrase: str) -> tuple[str, ...]:
     return tuple(words_of(normalise(phrase)))
 
 
+def iter_jsonl(path: str) -> Iterator[tuple[int, object]]:
+    """``(line number, value)`` for each non-empty line of a JSON-lines file; a bad line
+    raises ``ValueError`` naming ``path:line``."""
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    yield number, json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{number}: not valid JSON ({e})") from e
+
+
 def read_exclude_file(path: str) -> list[str]:
     """Texts of one ``--exclude`` file: ``.jsonl`` (every string value of every object, lists
     of strings included) or plain text (one text per non-empty line)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"--exclude file {path!r} not found")
-    texts: list[str] = []
+    if path.endswith(".jsonl"):
+        return [text for _, record in iter_jsonl(path) for text in _strings_in(record)]
     with open(path, encoding="utf-8") as f:
-        if path.endswith(".jsonl"):
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{number}: not valid JSON ({e})") from e
-                texts += _strings_in(record)
-        else:
-            texts = [line.strip() for line in f if line.strip()]
-    return texts
+        return [line.strip() for line in f if line.strip()]
 
 
 def _strings_in(value) -> list[str]:

@@ -30,6 +30,10 @@ DOC_PACKAGES = ("numpy", "jax", "flax", "optax", "orbax")
 MIN_PARAGRAPH_WORDS = 18
 MAX_PASSAGE_WORDS = 170
 MIN_SUMMARY_WORDS = 35
+# Google / numpy docstring section heads and "name: description" argument lines
+_SECTION = re.compile(r"^(args|arguments|returns?|raises|yields|examples?|notes?|attributes|"
+                      r"parameters|see also|warnings?|todo|references|keyword args)\b\s*:?", re.I)
+_ARG_LINE = re.compile(r"^\*{0,2}\w+(\s*\([^)]*\))?\s*:\s")
 
 
 def prose_paragraphs(text: str) -> list[str]:
@@ -40,6 +44,8 @@ def prose_paragraphs(text: str) -> list[str]:
         if not lines or lines[0].startswith("   ") or "::=" in para:
             continue
         stripped = [line.strip() for line in lines]
+        if _SECTION.match(stripped[0]) or sum(bool(_ARG_LINE.match(s)) for s in stripped) >= 2:
+            continue
         if any(s.startswith((">>>", "...", "--", "==", "**", "..", ":", "|", "+-", "#"))
                for s in stripped):
             continue
@@ -231,8 +237,9 @@ def story_prompt(rng: random.Random) -> tuple[str, str]:
         return "gen.continue.sentence", rng.choice([
             f"Complete this sentence and write a short paragraph after it: \"{start} ...\"",
             f"Continue: {start}"])
-    name = rng.choice(NAMES)
-    opening = (f"{name}, a {rng.choice(_ADJECTIVES)} {rng.choice(_ROLES)} in "
+    name, adjective = rng.choice(NAMES), rng.choice(_ADJECTIVES)
+    article = "an" if adjective[0] in "aeiou" else "a"
+    opening = (f"{name}, {article} {adjective} {rng.choice(_ROLES)} in "
                f"{rng.choice(_SETTINGS)}, {rng.choice(_EVENTS)}.")
     second = rng.choice(["", " It was the third time that week.", f" {name} told no one.",
                          " The wind had dropped, and the street was silent.",
