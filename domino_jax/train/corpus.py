@@ -151,9 +151,17 @@ class _Filters:
         self.ids: set[str] = set()
         self.rejected: dict[str, int] = {}
         self.rejected_by_source: dict[str, dict[str, int]] = {}
+        self.cpu_seconds = 0.0
 
     def accept(self, prompt: str, source: str = "") -> str | None:
         """The prompt's id if it is kept (and then indexed), else None."""
+        t0 = time.process_time()
+        try:
+            return self._accept(prompt, source)
+        finally:
+            self.cpu_seconds += time.process_time() - t0
+
+    def _accept(self, prompt: str, source: str) -> str | None:
         if not MIN_CHARS <= len(prompt) <= MAX_CHARS:
             return self._reject("length", source)
         pid = prompt_id(prompt)
@@ -228,7 +236,7 @@ def build_corpus(num_prompts: int, seed: int = 0, *, mix: dict[str, float] | Non
         raise ValueError(f"num_prompts must be >= 1, got {num_prompts}")
     if not 0.0 <= eval_fraction < 1.0:
         raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     mix = dict(DEFAULT_MIX if mix is None else mix)
     sources = list(default_sources(seed, doc_packages, text_dir) if sources is None else sources)
     filters = _Filters(BenchmarkFilter(exclude_files, ngram=exclude_ngram), near_threshold)
@@ -275,13 +283,13 @@ def build_corpus(num_prompts: int, seed: int = 0, *, mix: dict[str, float] | Non
         templated += source.templated
     train = [r for r in records if not is_heldout(r["id"], eval_fraction)]
     heldout = [r for r in records if is_heldout(r["id"], eval_fraction)]
-    seconds = time.perf_counter() - t0
+    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
     card = _card(train, heldout, seed=seed, num_prompts=num_prompts, mix=mix,
                  eval_fraction=eval_fraction, filters=filters, exclude_ngram=exclude_ngram,
                  near_threshold=near_threshold, shortfall=shortfall,
                  exhausted=sorted(n for s in streams.values() for n in s.dead()),
                  templated=templated, doc_packages=doc_packages, text_dir=text_dir,
-                 seconds=seconds)
+                 seconds=seconds, cpu_seconds=cpu_seconds)
     return Corpus(train, heldout, card)
 
 
@@ -304,7 +312,8 @@ def _versions(packages) -> dict[str, str]:
 
 
 def _card(train, heldout, *, seed, num_prompts, mix, eval_fraction, filters, exclude_ngram,
-          near_threshold, shortfall, exhausted, templated, doc_packages, text_dir, seconds):
+          near_threshold, shortfall, exhausted, templated, doc_packages, text_dir, seconds,
+          cpu_seconds):
     everything = train + heldout
     chars = np.array([len(r["prompt"]) for r in everything] or [0])
     fingerprint = {k.split(":", 1)[1]: v for k, v in filters.rejected.items()
@@ -328,10 +337,11 @@ def _card(train, heldout, *, seed, num_prompts, mix, eval_fraction, filters, exc
                   "near_duplicates": filters.rejected.get("near_duplicate", 0),
                   "near_threshold": near_threshold, "shingle_words": filters.near.shingle,
                   "length_rejects": filters.rejected.get("length", 0),
-                  "rejected_by_source": filters.rejected_by_source},
+                  "rejected_by_source": filters.rejected_by_source,
+                  "filter_cpu_seconds": round(filters.cpu_seconds, 2)},
         "shortfall": shortfall, "exhausted_sources": exhausted,
         "versions": _versions(doc_packages), "text_dir": text_dir,
-        "build_seconds": round(seconds, 2),
+        "build_seconds": round(seconds, 2), "build_cpu_seconds": round(cpu_seconds, 2),
     }
 
 
@@ -461,6 +471,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = {"out": args.out, "train": len(corpus.train), "heldout": len(corpus.heldout),
                "per_kind": corpus.card["counts"]["total"],
                "build_seconds": corpus.card["build_seconds"],
+               "build_cpu_seconds": corpus.card["build_cpu_seconds"],
                "total_seconds": corpus.card["total_seconds"]}
     print(json.dumps(summary))
     return 0
