@@ -2,8 +2,8 @@
 
 Real text comes from documentation that is installed with Python and with domino_jax's own
 dependencies (so a build needs nothing else): ``pydoc_data.topics`` (the Python language
-reference as plain text) and the docstrings of the CPython standard library and of numpy,
-jax, flax, optax and orbax (parsed with :mod:`ast`, never imported). Docstrings are cut into
+reference as plain text) and the docstrings and prose comment blocks of the CPython standard
+library and of numpy, jax, flax, optax and orbax (parsed with :mod:`ast`, never imported). Docstrings are cut into
 prose paragraphs (code examples, parameter tables and reST directives dropped). Each document
 goes to exactly one of the two kinds (a seeded coin per document), so a continuation prompt
 never quotes a passage that a summary prompt also shows. ``--text-dir`` adds the user's own
@@ -32,7 +32,7 @@ MAX_PASSAGE_WORDS = 170
 MIN_SUMMARY_WORDS = 35
 # Google / numpy docstring section heads and "name: description" argument lines
 _SECTION = re.compile(r"^(args|arguments|returns?|raises|yields|examples?|notes?|attributes|"
-                      r"parameters|see also|warnings?|todo|references|keyword args)\b\s*:?", re.I)
+                      r"parameters|see also|warnings?|todo|references|keyword args)\s*(:|$)", re.I)
 _ARG_LINE = re.compile(r"^\*{0,2}\w+(\s*\([^)]*\))?\s*:\s")
 
 
@@ -82,11 +82,28 @@ def _docstring_nodes(body) -> Iterator[ast.AST]:
                     yield from _docstring_nodes(inner)
 
 
+def comment_blocks(text: str) -> list[str]:
+    """Runs of full-line ``#`` comments, joined into one paragraph each (licence headers,
+    shebangs and commented-out code fall to :func:`prose_paragraphs`' checks)."""
+    blocks, current = [], []
+    for line in text.splitlines() + [""]:
+        stripped = line.strip()
+        if stripped.startswith("#") and not stripped.startswith("#!"):
+            current.append(stripped.lstrip("#").strip())
+        else:
+            if current:
+                blocks.append(" ".join(w for w in current if w))
+            current = []
+    return [b for b in blocks if not re.search(r"[=(){}\[\]]\s*$|copyright|licen[cs]e", b, re.I)]
+
+
 def file_documents(path: str) -> list[list[str]]:
-    """Prose paragraphs of each docstring (module, class, function) of one ``.py`` file."""
+    """Prose paragraphs of each docstring (module, class, function) of one ``.py`` file,
+    and its prose comment blocks as one more document."""
     try:
         with open(path, encoding="utf-8") as f:
-            tree = ast.parse(f.read())
+            text = f.read()
+        tree = ast.parse(text)
     except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
         return []
     out = []
@@ -95,6 +112,9 @@ def file_documents(path: str) -> list[list[str]]:
         paragraphs = prose_paragraphs(doc) if doc else []
         if paragraphs:
             out.append(paragraphs)
+    comments = prose_paragraphs("\n\n".join(comment_blocks(text)))
+    if comments:
+        out.append(comments)
     return out
 
 
@@ -126,6 +146,7 @@ class TextPool:
         self._coin = random.Random(f"{seed}:text-docs")
         self._share = summarize_share
         self._ready: dict[str, list] = {"continuation": [], "summarize": []}
+        self._seen: set[str] = set()                 # paragraphs already dealt (copies skipped)
 
     def _parse_next(self) -> None:
         label, path = self._files.pop()
@@ -139,6 +160,8 @@ class TextPool:
         else:
             docs = file_documents(path)
         for paragraphs in docs:
+            paragraphs = [p for p in dict.fromkeys(paragraphs) if p not in self._seen]
+            self._seen.update(paragraphs)
             if paragraphs:
                 coin = self._coin.random()
                 summarisable = sum(len(p.split()) for p in paragraphs) >= MIN_SUMMARY_WORDS
