@@ -328,3 +328,22 @@ def test_self_instruct_with_tiny_target():
     assert all(r["source"] == "self_instruct" and r["kind"] in KINDS for r in out)
     assert all(is_plausible_request(t, min_words=1) and "<|" not in t for t in texts)
     assert self_instruct_prompts(target, params, tok, 5, **kwargs) == out
+
+
+def test_cli_self_instruct_with_saved_tiny_target(tmp_path, capsys):
+    """``--self-instruct N --target DIR`` loads an HF folder, generates, and records what it
+    wrote in the card (a random model's texts mostly fail the filter: the count may be 0)."""
+    from conftest import build_hf_model, save_hf
+
+    folder = save_hf(build_hf_model("llama", tied=False), tmp_path / "target")
+    char_tokenizer().save_pretrained(folder)
+    out = tmp_path / "corpus"
+    assert main(["--out", str(out), "--num-prompts", "60", "--self-instruct", "3",
+                 "--target", folder, "--self-instruct-batch", "4",
+                 "--self-instruct-max-new-tokens", "8", "--dtype", "float32"]) == 0
+    card = json.loads((out / "card.json").read_text())
+    records = read_corpus(str(out)) + read_corpus(str(out / "heldout.jsonl"))
+    kept = sum(r["source"] == "self_instruct" for r in records)
+    info = card["self_instruct"]
+    assert (info["requested"], info["kept"], info["target"]) == (3, kept, folder)
+    assert kept <= info["written"] <= 3 and len(records) == 60 + kept

@@ -460,8 +460,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                           near_threshold=args.near_threshold, extra=extra,
                           doc_packages=[p for p in args.doc_packages.split(",") if p],
                           text_dir=args.text_dir)
+    kept = sum(r["source"] == "self_instruct" for r in corpus.train + corpus.heldout)
     corpus.card["self_instruct"] = {"requested": args.self_instruct, "written": len(extra),
-                                    "target": args.target}
+                                    "kept": kept, "target": args.target}
     if args.tokenizer:
         from domino_jax.decode.loading import load_tokenizer
         corpus.card["prompt_tokens"] = token_length_stats(corpus.train + corpus.heldout,
