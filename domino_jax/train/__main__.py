@@ -15,9 +15,11 @@ import argparse
 import dataclasses
 import json
 import logging
+import sys
 from typing import Sequence
 
-from domino_jax.train.config import DRAFTERS, TrainConfig
+from domino_jax.train.config import (DRAFTERS, INIT_FROM_TARGET, LABEL_MODES,
+                                     POSITION_WEIGHTS, TrainConfig)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -39,8 +41,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gru-hidden-dim", type=int, default=256)
     p.add_argument("--emb-dim", type=int, default=64)
     p.add_argument("--mask-token-id", type=int, default=None,
-                   help="target row to use as the frozen mask token (default: learn a "
-                        "mask_embedding, for targets with no spare row)")
+                   help="target embedding row used as the frozen mask token (default: the "
+                        "tokenizer's mask token, else a spare row, else an unused special "
+                        "token, else vocab_size - 1; see train/README.md)")
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--micro-batches", type=int, default=1, help="gradient accumulation")
@@ -61,8 +64,42 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shard-drafter", action="store_true", help="fsdp-shard drafter params")
     p.add_argument("--peak-flops", type=float, default=989e12, help="per device, for MFU")
     p.add_argument("--resume", action="store_true")
+    # recipe options (train/README.md "Recipe options")
+    p.add_argument("--labels", choices=LABEL_MODES, default="hard",
+                   help="hard: CE on the data's tokens; soft: KL(target || draft) to the "
+                        "target's own next-token distribution (no generation needed, plain "
+                        "text works); mix: (1 - w) CE + w KL with w = --soft-weight")
+    p.add_argument("--soft-weight", type=float, default=None,
+                   help="weight of the KL term for --labels mix (default 0.5)")
+    p.add_argument("--position-weights", choices=POSITION_WEIGHTS, default="decay",
+                   help="decay: the paper's exp(-k/gamma) per block slot; uniform: all 1")
+    p.add_argument("--init-draft-from-target", nargs="?", const="last", default="none",
+                   choices=INIT_FROM_TARGET, metavar="{last,spread}",
+                   help="seed the draft layers from target layers: 'last' (the bare flag: the "
+                        "last L layers) or 'spread' (evenly spaced, first and last included); "
+                        "default: random")
+    p.add_argument("--learned-mask", action="store_true",
+                   help="learn a mask_embedding instead of the target's mask row (domino_jax "
+                        "only: the reference inference code ignores it; export warns)")
     p.add_argument("--no-progress", action="store_true")
     return p.parse_args(argv)
+
+
+def with_recipe_options(cfg: TrainConfig, args: argparse.Namespace) -> TrainConfig:
+    """``cfg`` with the recipe flags; a bad combination exits 2 naming the option."""
+    def fail(msg: str):
+        print(f"error: {msg}", file=sys.stderr)
+        sys.exit(2)
+
+    weight = 0.5 if args.soft_weight is None else args.soft_weight
+    if args.soft_weight is not None and args.labels != "mix":
+        fail(f"--soft-weight applies to --labels mix (got --labels {args.labels})")
+    if not 0.0 <= weight <= 1.0:
+        fail(f"--soft-weight {weight} must be in [0, 1]")
+    return dataclasses.replace(cfg, labels=args.labels, soft_weight=weight,
+                               position_weights=args.position_weights,
+                               init_from_target=args.init_draft_from_target,
+                               learned_mask=args.learned_mask)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -78,6 +115,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                       checkpoint_every=args.checkpoint_every, log_every=args.log_every,
                       mesh_data=data, mesh_fsdp=fsdp, mesh_tensor=tensor,
                       shard_drafter=args.shard_drafter, peak_flops=args.peak_flops)
+    cfg = with_recipe_options(cfg, args)
     from domino_jax.train.loop import train
 
     target_dir = args.target

@@ -7,8 +7,8 @@ Writes under ``out``: ``checkpoints/`` (orbax, every ``checkpoint_every`` steps 
 end; ``resume=True`` continues from the latest one with the same batches and anchor keys,
 so the loss curve is the same), ``metrics.jsonl`` (one JSON object per logged step),
 ``train_config.json`` and ``draft/`` (the trained drafter in the HF ``DFlashDraftModel``
-format; plus a ``mask_embedding [H]`` tensor when the drafter learned its own mask token,
-see :func:`load_trained_draft`).
+format; plus a ``mask_embedding [H]`` tensor, with a warning, when the drafter learned its
+own mask token (``TrainConfig.learned_mask``), see :func:`load_trained_draft`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import numpy as np
 from domino_jax.config import DraftConfig
 from domino_jax.models.qwen3 import TargetLM
 from domino_jax.train import data as data_lib
-from domino_jax.train.config import TrainConfig, make_draft_config
+from domino_jax.train.config import TrainConfig, make_draft_config, resolve_mask_token_id
 from domino_jax.train.loss import init_draft_params
 from domino_jax.train.step import (init_state, make_train_mesh, make_train_step, model_flops,
                                    place, shard_batch, compile_step)
@@ -50,6 +50,11 @@ def export_trained_draft(config: DraftConfig, params: dict, path: str) -> None:
     export_draft(config, jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), plain), path)
     if MASK_EMBEDDING in params:
         file = os.path.join(path, "model.safetensors")
+        log.warning("%s carries a learned %s: the reference DFlash/Domino inference code "
+                    "ignores it and drafts from the target's embedding row mask_token_id=%d "
+                    "instead, so this drafter drafts differently (worse) there. Only "
+                    "domino_jax reads it; train without --learned-mask for interop.",
+                    file, MASK_EMBEDDING, config.mask_token_id)
         tensors = load_file(file)
         tensors[MASK_EMBEDDING] = np.asarray(params[MASK_EMBEDDING], np.float32)
         save_file(tensors, file, metadata={"format": "pt"})
@@ -140,6 +145,8 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
     else:
         target = TargetLM(target.config, dtype=compute, param_dtype=compute)
         target_params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, compute), target_params)
+    if mask_token_id is None:           # a row of the target's own vocabulary (§9.15)
+        mask_token_id = resolve_mask_token_id(target.config, target_dir)
     config = make_draft_config(target.config, cfg.drafter, draft_layers, block_size,
                                gru_hidden_dim, emb_dim, mask_token_id)
     if examples is None:
@@ -153,8 +160,8 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
         json.dump({"train": dataclasses.asdict(cfg), "draft": config.to_hf_dict(),
                    "examples": len(examples)}, f, indent=2)
 
-    params = init_draft_params(config, jax.random.PRNGKey(cfg.seed), mask_token_id is None,
-                               target_params)
+    params = init_draft_params(config, jax.random.PRNGKey(cfg.seed), cfg.learned_mask,
+                               target_params, cfg.init_from_target)
     mesh = make_train_mesh(cfg)
     state, target_params, s_shard, t_shard = place(cfg, mesh, init_state(cfg, params),
                                                    target_params, target.config)

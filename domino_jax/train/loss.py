@@ -8,25 +8,34 @@ Per sequence ``x [S]`` with ``loss_mask [S]`` (response tokens):
 * blocks ``[x_a, MASK x (B-1)]`` at positions ``a .. a+B-1``; the draft reads the frozen
   target's taps of all ``S`` positions as context, block ``j`` sees context keys
   ``t < a_j`` (strictly) and its own block (bidirectional); padded blocks see nothing;
-* labels / weights per the ``shift_label`` table (§3.2); DFlash CE on the base logits,
-  Domino ``L = (1 - lambda) L_final + lambda L_base`` with teacher-forced final logits,
-  both normalised by the same ``sum(w) + 1e-6``.
+* labels / weights per the ``shift_label`` table (§3.2) (``position_weights``: the paper's
+  ``exp(-k/gamma)`` decay, or uniform); DFlash's loss on the base logits, Domino
+  ``L = (1 - lambda) L_final + lambda L_base`` with teacher-forced final logits, both
+  normalised by the same ``sum(w) + 1e-6``;
+* the per-slot loss: hard labels (CE on the data's token), soft labels (``KL(target ||
+  draft)`` with the frozen target's own next-token distribution at the predicted position,
+  from the same target forward that gives the taps: no generation needed, so plain text with
+  ``loss_mask`` all ones works) or a weighted mix (:func:`slot_divergence`).
 
 The frozen target (embedding, mask row, taps, LM head) runs inside the same jitted step
 under ``stop_gradient``. The drafter params are ``{"backbone", ["head"], ["mask_embedding"]}``
-(``mask_embedding [H]``: our learned mask token for targets without a spare row, §9.15).
+(``mask_embedding [H]``: an opt-in learned mask token, ``--learned-mask``; by default the
+mask is the target's frozen embedding row ``mask_token_id``, as the reference code assumes,
+§9.15). ``init_draft_params`` can seed the draft layers from target layers.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple, Sequence
 
+import flax.traverse_util
 import jax
 import jax.numpy as jnp
 
 from domino_jax.config import DraftConfig
 from domino_jax.models import dflash, domino_head
 from domino_jax.models.qwen3 import TargetLM
+from domino_jax.train.config import POSITION_WEIGHTS
 
 
 def lambda_schedule(step, total_steps: int, lambda_start: float = 1.0,
@@ -96,28 +105,39 @@ class TrainBackbone(dflash.DFlashBackbone):
         return self.norm(x)
 
 
+def label_positions(config: DraftConfig, anchors: jax.Array) -> jax.Array:
+    """Sequence position ``[B, N, Bk]`` int32 of the token each block slot predicts:
+    ``a + 1 + k`` (``shift_label``) or ``a + k`` (otherwise; slot 0 is not trained). The
+    frozen target's distribution over that token is its logits row ``position - 1``."""
+    shift = 1 if config.shift_label else 0
+    k = jnp.arange(config.block_size, dtype=jnp.int32)
+    return anchors[:, :, None].astype(jnp.int32) + shift + k[None, None, :]
+
+
 def labels_and_weights(config: DraftConfig, input_ids: jax.Array, loss_mask: jax.Array,
-                       anchors: jax.Array, keep: jax.Array, gamma: float
-                       ) -> tuple[jax.Array, jax.Array]:
+                       anchors: jax.Array, keep: jax.Array, gamma: float,
+                       position_weights: str = "decay") -> tuple[jax.Array, jax.Array]:
     """Labels ``[B, N, Bk]`` int32 and weights ``[B, N, Bk]`` float32 (§3.2 table).
 
     ``shift_label``: slot k predicts ``x_{a+1+k}``, weight ``exp(-k/gamma)``; otherwise slot k
-    predicts ``x_{a+k}``, slot 0 excluded, weight ``exp(-(k-1)/gamma)``. Weights also carry
-    ``keep``, ``[label position < S]`` and ``loss_mask`` at the label position.
+    predicts ``x_{a+k}``, slot 0 excluded, weight ``exp(-(k-1)/gamma)``.
+    ``position_weights="uniform"`` replaces the decay by 1 (same slots counted). Weights also
+    carry ``keep``, ``[label position < S]`` and ``loss_mask`` at the label position.
     """
+    if position_weights not in POSITION_WEIGHTS:
+        raise ValueError(f"position_weights {position_weights!r}; choose one of "
+                         f"{POSITION_WEIGHTS}")
     seq_len = input_ids.shape[1]
     k = jnp.arange(config.block_size)
-    shift = 1 if config.shift_label else 0
-    pos = anchors[:, :, None] + shift + k[None, None, :]                # [B, N, Bk]
+    pos = label_positions(config, anchors)                              # [B, N, Bk]
     inside = pos < seq_len
     safe = jnp.minimum(pos, seq_len - 1)
     gather = jax.vmap(lambda row, idx: row[idx])
     labels = gather(input_ids, safe)
     mask_at = gather(loss_mask, safe) > 0
-    if config.shift_label:
-        decay = jnp.exp(-k / gamma)
-    else:
-        decay = jnp.where(k >= 1, jnp.exp(-(k - 1) / gamma), 0.0)
+    first = 0 if config.shift_label else 1                              # first trained slot
+    decay = jnp.exp(-(k - first) / gamma) if position_weights == "decay" else jnp.ones(k.shape)
+    decay = jnp.where(k >= first, decay, 0.0)
     weights = (keep[:, :, None] & inside & mask_at) * decay[None, None, :]
     return labels.astype(jnp.int32), weights.astype(jnp.float32)
 
@@ -128,35 +148,78 @@ def _cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return jax.nn.logsumexp(logits, axis=-1) - picked
 
 
-def target_context(target: TargetLM, target_params, config: DraftConfig,
-                   input_ids: jax.Array) -> jax.Array:
-    """Frozen target over ``input_ids [B, S]`` -> context features ``[B, S, n*H]``."""
+def _kl_to_target(target_logp: jax.Array, logits: jax.Array) -> jax.Array:
+    """``KL(target || draft)`` per row: ``sum_v p_t (log p_t - log_softmax(logits))``."""
+    draft_logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return jnp.sum(jnp.exp(target_logp) * (target_logp - draft_logp), axis=-1)
+
+
+def slot_divergence(logits: jax.Array, labels: jax.Array, target_logp: jax.Array | None,
+                    soft_weight: float) -> jax.Array:
+    """Per-slot loss ``[...]``: ``(1 - w) CE(logits, labels) + w KL(target || softmax(logits))``
+    with ``w = soft_weight`` (static: 0 = hard labels, 1 = soft labels, else a mix)."""
+    out = 0.0
+    if soft_weight < 1.0:
+        out = (1.0 - soft_weight) * _cross_entropy(logits, labels)
+    if soft_weight > 0.0:
+        out = out + soft_weight * _kl_to_target(target_logp, logits)
+    return out
+
+
+def target_forward(target: TargetLM, target_params, config: DraftConfig,
+                   input_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Frozen target over ``input_ids [B, S]`` -> ``(context features [B, S, n*H], final-normed
+    hidden [B, S, H])`` (the hidden feeds the soft labels; unused, XLA drops what it needs)."""
     batch, seq_len = input_ids.shape
     positions = jnp.broadcast_to(jnp.arange(seq_len, dtype=jnp.int32), (batch, seq_len))
     out = target.apply({"params": target_params}, input_ids, positions,
                        tap_ids=dflash.target_tap_ids(config), compute_logits=False)
-    return jax.lax.stop_gradient(dflash.context_features(config, out.taps, out.hidden))
+    features = dflash.context_features(config, out.taps, out.hidden)
+    return jax.lax.stop_gradient(features), jax.lax.stop_gradient(out.hidden)
 
 
-def draft_loss(draft_params: Any, target_params: Any, batch: dict, key: jax.Array,
-               lam: jax.Array, *, target: TargetLM, config: DraftConfig, num_anchors: int,
-               gamma: float, compute_dtype=jnp.bfloat16) -> tuple[jax.Array, dict]:
-    """Loss and metrics on one micro-batch ``{"input_ids", "loss_mask"} [B, S]``.
+def target_context(target: TargetLM, target_params, config: DraftConfig,
+                   input_ids: jax.Array) -> jax.Array:
+    """Frozen target over ``input_ids [B, S]`` -> context features ``[B, S, n*H]``."""
+    return target_forward(target, target_params, config, input_ids)[0]
 
-    ``draft_params`` are cast to ``compute_dtype`` here (float32 masters outside).
-    ``lam`` is the Domino curriculum weight (ignored for plain DFlash).
-    Metrics: ``loss``, ``loss_base``, ``loss_final``, ``weight_sum``, per block slot
-    ``correct [Bk]`` / ``count [Bk]`` (unweighted, slots with a nonzero weight).
-    """
-    input_ids = batch["input_ids"].astype(jnp.int32)
-    loss_mask = batch["loss_mask"]
+
+def soft_targets(target: TargetLM, target_params, config: DraftConfig,
+                 target_hidden: jax.Array, anchors: jax.Array) -> jax.Array:
+    """The frozen target's next-token log-probabilities for every block slot, float32
+    ``[B, N, Bk, V]``: slot k predicts the token at :func:`label_positions` ``p``, so its soft
+    label is the target's distribution from hidden row ``p - 1`` (``a + k`` with
+    ``shift_label``, ``a + k - 1`` without; rows clamped into ``0..S-1``, the slots that fall
+    outside carry weight 0). ``target_hidden [B, S, H]`` from :func:`target_forward`."""
+    seq_len = target_hidden.shape[1]
+    rows = jnp.clip(label_positions(config, anchors) - 1, 0, seq_len - 1)
+    batch, n, bk = rows.shape
+    picked = jnp.take_along_axis(target_hidden, rows.reshape(batch, n * bk)[:, :, None], axis=1)
+    logits = target.apply({"params": target_params}, picked, method=TargetLM.logits)
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return jax.lax.stop_gradient(logp.reshape(batch, n, bk, -1))
+
+
+class BlockOutputs(NamedTuple):
+    """What the loss reads for one micro-batch (rows ``B * N`` blocks, ``Bk`` slots)."""
+
+    base: jax.Array                  # [B*N, Bk, V] float32 draft logits (target LM head)
+    final: jax.Array | None          # [B*N, Bk, V] float32 Domino logits (teacher forced)
+    labels: jax.Array                # [B*N, Bk] int32 data tokens
+    weights: jax.Array               # [B*N, Bk] float32
+    target_logp: jax.Array | None    # [B*N, Bk, V] float32 soft labels (soft/mix only)
+
+
+def block_outputs(params: Any, target_params: Any, input_ids: jax.Array, loss_mask: jax.Array,
+                  anchors: jax.Array, keep: jax.Array, *, target: TargetLM,
+                  config: DraftConfig, gamma: float, position_weights: str = "decay",
+                  soft: bool = False, compute_dtype=jnp.bfloat16) -> BlockOutputs:
+    """The drafter's logits on all blocks of ``input_ids [B, S]`` at the given anchors
+    ``[B, N]`` (``params`` already in ``compute_dtype``), with labels, weights and (``soft``)
+    the target's soft labels, all from one frozen-target forward."""
     bsz, seq_len = input_ids.shape
     bk = config.block_size
-    target_params = jax.lax.stop_gradient(target_params)
-    params = jax.tree_util.tree_map(lambda x: x.astype(compute_dtype), draft_params)
-
-    features = target_context(target, target_params, config, input_ids)
-    anchors, keep = sample_anchors(key, loss_mask, num_anchors)
+    features, target_hidden = target_forward(target, target_params, config, input_ids)
     n = anchors.shape[1]
     offsets = jnp.arange(bk, dtype=jnp.int32)
     block_pos = (anchors[:, :, None] + offsets[None, None, :]).reshape(bsz, n * bk)
@@ -165,7 +228,7 @@ def draft_loss(draft_params: Any, target_params: Any, batch: dict, key: jax.Arra
                           config.mask_token_id).reshape(bsz, n * bk)
     embed = lambda t: target.apply({"params": target_params}, t, method=TargetLM.embed)
     block_embeds = embed(block_tok)
-    if "mask_embedding" in params:
+    if "mask_embedding" in params:                 # opt-in learned mask (--learned-mask)
         is_mask = jnp.tile(offsets, n)[None, :, None] > 0
         block_embeds = jnp.where(is_mask, params["mask_embedding"].astype(block_embeds.dtype),
                                  block_embeds)
@@ -175,42 +238,137 @@ def draft_loss(draft_params: Any, target_params: Any, batch: dict, key: jax.Arra
                             visible, method=TrainBackbone.train_hidden)
     hidden = hidden.reshape(bsz * n, bk, -1)
     base = target.apply({"params": target_params}, hidden, method=TargetLM.logits)
-
-    labels, weights = labels_and_weights(config, input_ids, loss_mask, anchors, keep, gamma)
-    labels, weights = labels.reshape(bsz * n, bk), weights.reshape(bsz * n, bk)
-    denom = weights.sum() + 1e-6
-    loss_base = (weights * _cross_entropy(base, labels)).sum() / denom
+    final = None
     if "head" in params:
         prev_pos = jnp.minimum(anchors[:, :, None] + offsets[None, None, :], seq_len - 1)
         prev_tok = jax.vmap(lambda row, idx: row[idx])(input_ids, prev_pos)
         prev_embeds = embed(prev_tok.reshape(bsz * n, bk))
         final = domino_head.teacher_forced_logits(params["head"], config, hidden, base,
                                                   prev_embeds)
-        loss_final = (weights * _cross_entropy(final, labels)).sum() / denom
+    labels, weights = labels_and_weights(config, input_ids, loss_mask, anchors, keep, gamma,
+                                         position_weights)
+    target_logp = None
+    if soft:
+        target_logp = soft_targets(target, target_params, config, target_hidden, anchors)
+        target_logp = target_logp.reshape(bsz * n, bk, -1)
+    return BlockOutputs(base.astype(jnp.float32), final, labels.reshape(bsz * n, bk),
+                        weights.reshape(bsz * n, bk), target_logp)
+
+
+def draft_loss(draft_params: Any, target_params: Any, batch: dict, key: jax.Array,
+               lam: jax.Array, *, target: TargetLM, config: DraftConfig, num_anchors: int,
+               gamma: float, compute_dtype=jnp.bfloat16, soft_weight: float = 0.0,
+               position_weights: str = "decay") -> tuple[jax.Array, dict]:
+    """Loss and metrics on one micro-batch ``{"input_ids", "loss_mask"} [B, S]``.
+
+    ``draft_params`` are cast to ``compute_dtype`` here (float32 masters outside).
+    ``lam`` is the Domino curriculum weight (ignored for plain DFlash): ``L = (1 - lam)
+    L_final + lam L_base``. Each term is ``sum(w * d) / (sum(w) + 1e-6)`` with the per-slot
+    ``d`` of :func:`slot_divergence` (``soft_weight`` 0: CE on the data's tokens; 1: KL from
+    the target's own next-token distribution; between: the mix).
+    Metrics: ``loss``, ``loss_base``, ``loss_final``, ``weight_sum``, per block slot
+    ``correct [Bk]`` / ``count [Bk]`` (argmax == data token, unweighted, slots with a nonzero
+    weight), ``tokens``; with soft labels also ``acc_target`` (argmax == the target's argmax,
+    what greedy verification accepts).
+    """
+    input_ids = batch["input_ids"].astype(jnp.int32)
+    loss_mask = batch["loss_mask"]
+    target_params = jax.lax.stop_gradient(target_params)
+    params = jax.tree_util.tree_map(lambda x: x.astype(compute_dtype), draft_params)
+    anchors, keep = sample_anchors(key, loss_mask, num_anchors)
+    out = block_outputs(params, target_params, input_ids, loss_mask, anchors, keep,
+                        target=target, config=config, gamma=gamma,
+                        position_weights=position_weights, soft=soft_weight > 0.0,
+                        compute_dtype=compute_dtype)
+    weights = out.weights
+    denom = weights.sum() + 1e-6
+    term = lambda logits: (weights * slot_divergence(logits, out.labels, out.target_logp,
+                                                     soft_weight)).sum() / denom
+    loss_base = term(out.base)
+    if out.final is not None:
+        loss_final = term(out.final)
         loss = (1.0 - lam) * loss_final + lam * loss_base
-        scored = final
+        scored = out.final
     else:
         loss_final = loss_base
         loss = loss_base
-        scored = base
+        scored = out.base
     counted = weights > 0
-    correct = (jnp.argmax(scored, axis=-1) == labels) & counted
+    guess = jnp.argmax(scored, axis=-1)
+    correct = (guess == out.labels) & counted
     metrics = {"loss": loss, "loss_base": loss_base, "loss_final": loss_final,
                "weight_sum": weights.sum(), "correct": correct.sum(0).astype(jnp.float32),
                "count": counted.sum(0).astype(jnp.float32),
                "tokens": (loss_mask > 0).sum().astype(jnp.float32)}
+    if out.target_logp is not None:
+        agree = (guess == jnp.argmax(out.target_logp, axis=-1)) & counted
+        metrics["acc_target"] = agree.sum() / jnp.maximum(counted.sum(), 1)
     return loss, metrics
 
 
+INIT_FROM_TARGET_RULES = ("last", "spread")
+
+
+def target_layers_for_init(num_target_layers: int, num_draft_layers: int, rule: str
+                           ) -> tuple[int, ...]:
+    """Which target decoder layers seed the draft layers (``--init-draft-from-target``).
+
+    ``"last"``: the last ``L`` layers in order (``n-L .. n-1``): the draft's output feeds the
+    target's final norm and LM head, as the target's last layers do. ``"spread"``: ``L``
+    layers evenly spaced over the whole depth, first and last included
+    (``round(i * (n - 1) / (L - 1))``; ``L = 1``: the last layer).
+    """
+    n, count = num_target_layers, num_draft_layers
+    if count > n:
+        raise ValueError(f"cannot seed {count} draft layers from a {n}-layer target")
+    if rule == "last":
+        return tuple(range(n - count, n))
+    if rule == "spread":
+        if count == 1:
+            return (n - 1,)
+        return tuple(int(round(i * (n - 1) / (count - 1))) for i in range(count))
+    raise ValueError(f"init from target rule {rule!r}; choose one of {INIT_FROM_TARGET_RULES}")
+
+
+def copy_target_layers(backbone: dict, target_params: Any, layer_ids: Sequence[int]) -> dict:
+    """``backbone`` with draft layer ``i`` = target layer ``layer_ids[i]`` (every weight of the
+    same name and shape: norms, q/k/v/o, MLP; a Llama target has no q/k norm, those stay at
+    their init) and the final ``norm`` = the target's final norm. ``fc`` and ``hidden_norm``
+    keep their init. Float32 copies; a shape mismatch (e.g. another intermediate size) is an
+    error naming the leaf."""
+    out = dict(backbone)
+    for i, t in enumerate(layer_ids):
+        source = flax.traverse_util.flatten_dict(target_params[f"layers_{t}"])
+        layer = flax.traverse_util.flatten_dict(backbone[f"layers_{i}"])
+        for name, value in layer.items():
+            if name not in source:
+                continue
+            if tuple(source[name].shape) != tuple(value.shape):
+                raise ValueError(f"draft layer {i} {'/'.join(name)} has shape {value.shape}, "
+                                 f"target layer {t} has {source[name].shape}")
+            layer[name] = jnp.asarray(source[name], jnp.float32)
+        out[f"layers_{i}"] = flax.traverse_util.unflatten_dict(layer)
+    out["norm"] = {"weight": jnp.asarray(target_params["norm"]["weight"], jnp.float32)}
+    return out
+
+
 def init_draft_params(config: DraftConfig, rng: jax.Array, learn_mask_embedding: bool,
-                      target_params: Any = None) -> dict:
+                      target_params: Any = None, init_from_target: str = "none") -> dict:
     """Float32 drafter params ``{"backbone", ["head"], ["mask_embedding"]}``.
 
-    ``mask_embedding`` starts at the mean of the target's embedding rows (when
-    ``target_params`` is given, else zeros).
+    ``init_from_target``: ``"none"`` (random), or a rule of :func:`target_layers_for_init`
+    to copy target layers into the backbone (needs ``target_params``).
+    ``mask_embedding`` (``learn_mask_embedding``, opt-in) starts at the mean of the target's
+    embedding rows (when ``target_params`` is given, else zeros).
     """
     k_backbone, k_head = jax.random.split(rng)
     params = {"backbone": dflash.init_params(config, k_backbone, jnp.float32)}
+    if init_from_target != "none":
+        if target_params is None:
+            raise ValueError("init_from_target needs the target's params")
+        ids = target_layers_for_init(config.num_target_layers, config.num_layers,
+                                     init_from_target)
+        params["backbone"] = copy_target_layers(params["backbone"], target_params, ids)
     if config.has_domino_head:
         params["head"] = domino_head.init_head_params(config, k_head, jnp.float32)
     if learn_mask_embedding:

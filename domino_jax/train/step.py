@@ -30,6 +30,7 @@ from domino_jax.config import DraftConfig
 from domino_jax.models.qwen3 import TargetLM
 from domino_jax.sharding import target_param_shardings
 from domino_jax.train.config import TrainConfig, default_gamma
+from domino_jax.train.cost import step_flops
 from domino_jax.train.loss import draft_loss, lambda_schedule
 
 
@@ -71,7 +72,9 @@ def train_step(state: TrainState, batch: dict, target_params: Any, *, cfg: Train
     keys = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(cfg.seed), step), micro)
     loss_fn = functools.partial(draft_loss, target=target, config=config,
                                 num_anchors=cfg.num_anchors, gamma=gamma,
-                                compute_dtype=_compute_dtype(cfg))
+                                compute_dtype=_compute_dtype(cfg),
+                                soft_weight=cfg.soft_label_weight,
+                                position_weights=cfg.position_weights)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def accumulate(grads_sum, xs):
@@ -168,27 +171,7 @@ def compile_step(step_fn, state, batch, target_params):
 
 
 def model_flops(cfg: TrainConfig, config: DraftConfig, target_config, seq_len: int) -> float:
-    """Analytic model FLOPs of one step (matmuls only, for MFU): the frozen target's forward
-    (2 x params x tokens + attention) and the drafter's forward + backward (6 x ...) over
-    ``N * Bk`` block queries per sequence, incl. the LM head (+ Domino head)."""
-    t = target_config
-    tokens = cfg.batch_size * seq_len
-    layer_params = (t.hidden_size * (t.num_heads + 2 * t.num_kv_heads) * t.head_dim
-                    + t.num_heads * t.head_dim * t.hidden_size + 3 * t.hidden_size * t.intermediate_size)
-    target_fwd = 2 * tokens * t.num_layers * layer_params \
-        + 2 * 2 * cfg.batch_size * t.num_layers * seq_len * seq_len / 2 * t.num_heads * t.head_dim
-    n = min(cfg.num_anchors, seq_len - 1)
-    queries = cfg.batch_size * n * config.block_size
-    keys = seq_len + n * config.block_size
-    h = config.hidden_size
-    d_layer = (h * config.q_width + 2 * h * config.kv_width + config.q_width * h
-               + 3 * h * config.intermediate_size)
-    ctx_kv = 2 * h * config.kv_width * cfg.batch_size * seq_len * config.num_layers
-    draft = queries * config.num_layers * d_layer + ctx_kv \
-        + 2 * queries * keys * config.num_heads * config.head_dim * config.num_layers \
-        + cfg.batch_size * seq_len * config.num_taps * h * h
-    head = queries * h * config.vocab_size
-    if config.has_domino_head:
-        g, e = config.gru_hidden_dim, config.emb_dim
-        head += queries * (3 * g * (h + g) + e * (h + g) + e * config.vocab_size)
-    return float(target_fwd + 6 * (draft + head))
+    """Matmul FLOPs of one step as executed (the MFU numerator): the frozen target's forward,
+    the drafter's forward + backward, the target LM head on the draft rows (+ Domino head,
+    + the soft labels' target logits). Parts and bytes: :func:`domino_jax.train.cost.step_cost`."""
+    return step_flops(cfg, config, target_config, seq_len)
