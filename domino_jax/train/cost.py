@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
+import jax.numpy as jnp
 
 from domino_jax.config import DraftConfig, TargetConfig
 
@@ -55,7 +55,7 @@ def _layer_params(hidden: int, q_width: int, kv_width: int, intermediate: int) -
 
 def step_cost(cfg, config: DraftConfig, target: TargetConfig, seq_len: int) -> list[CostPart]:
     """The parts of one optimizer step for ``cfg`` (a :class:`TrainConfig`)."""
-    act = np.dtype(cfg.compute_dtype).itemsize
+    act = jnp.dtype(cfg.compute_dtype).itemsize
     b, s = cfg.batch_size, seq_len
     n = max(1, min(cfg.num_anchors, s - 1))
     bk = config.block_size
