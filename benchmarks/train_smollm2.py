@@ -6,7 +6,9 @@ One process, three stages, sized for ~8 minutes of one H200 (data generation inc
   (a) data:  batched AR generation by the target (``domino_jax.train.data``) on offline
              prompts (chat / arithmetic / stdlib code), held-out split by prompt hash;
   (b) train: ``domino_jax.train.loop.train`` for ``dflash`` then ``domino`` (identical
-             data, steps, seed; 2 draft layers, block 16, G=256, E=64, learned mask token);
+             data, steps, seed; 2 draft layers, block 16, G=256, E=64, the default mask
+             token: a row of the target, train/README.md; the drafter shipped on
+             2026-11-30 was trained with a learned mask instead);
              each drafter is exported to HF format and loaded back for (c);
   (c) eval:  ``generate`` on held-out prompts for each method and temperature.
 
