@@ -110,11 +110,25 @@ class ChainDrafter:
     def ingest_prompt(self, target_params, draft_params, features, positions, prompt_len,
                       capacity: int):
         """Fill an empty draft cache with the prompt context (the block is a dummy)."""
-        cache = self._cache(features.shape[0], capacity)
-        embeds, block_pos = self._block(target_params, jnp.full_like(prompt_len, 0), prompt_len,
-                                        draft_params)
+        return self.ingest_context(target_params, draft_params, features, positions,
+                                   prompt_len, self.new_context_cache(features.shape[0],
+                                                                      capacity))
+
+    def new_context_cache(self, batch: int, capacity: int):
+        """An empty draft cache for a target cache of ``capacity`` slots."""
+        return self._cache(batch, capacity)
+
+    def ingest_context(self, target_params, draft_params, features, positions, lengths,
+                       cache):
+        """Commit the first ``lengths[b]`` rows of ``features [B, T, F]`` (at ``positions
+        [B, T]``, contiguous from the cache's length) to the draft cache: one backbone
+        forward with a dummy block after them. A chunked prefill calls it once per chunk;
+        the context K/V of a row depend on that row alone, so chunks commit what one call
+        over the whole prompt would."""
+        embeds, block_pos = self._block(target_params, jnp.zeros_like(lengths),
+                                        positions[:, 0] + lengths, draft_params)
         _, cache = self.backbone.apply({"params": draft_params["backbone"]}, features, positions,
-                                       prompt_len, embeds, block_pos, cache)
+                                       lengths, embeds, block_pos, cache)
         return cache
 
     def draft_block(self, target_params, draft_params, root, start, context, context_len,

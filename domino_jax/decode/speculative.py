@@ -36,10 +36,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from domino_jax.decode.prefill import PrefillConfig, check_context_length, prefill_prompt
 from domino_jax.decode.sampling import SamplingConfig, choose, target_log_probs
 from domino_jax.decode.verify import verify_match, verify_rejection
 from domino_jax.kv_cache import KVCache, align_slots
-from domino_jax.models.qwen3 import TargetLM, new_cache
+from domino_jax.models.qwen3 import TargetLM
 
 METHODS = ("ar", "dflash", "domino", "ddtree", "dominotree")
 
@@ -56,6 +57,7 @@ class DecodeConfig:
     verify: str = "match"              # "match" | "rejection"
     stop_token_ids: tuple[int, ...] = ()
     capacity: int | None = None        # target cache slots; None = just enough
+    prefill: PrefillConfig = PrefillConfig()   # chunked above prefill.chunk prompt tokens
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -137,25 +139,16 @@ def prefill(target: TargetLM, drafter, config: DecodeConfig, target_params, draf
     """Target forward over the right-padded ``prompt [B, T]``; first token; draft context."""
     batch, prompt_width = prompt.shape
     width = drafter.max_commit if drafter is not None else 1      # tokens per round, max
-    cache = new_cache(target.config, batch, capacity, target.dtype)
-    positions = jnp.broadcast_to(jnp.arange(prompt_width, dtype=jnp.int32), (batch, prompt_width))
-    tap_ids = drafter.tap_ids if drafter is not None else ()
-    out = target.apply({"params": target_params}, prompt, positions, cache=cache,
-                       tap_ids=tap_ids, logits_indices=(prompt_len - 1)[:, None])
-    cache = out.cache.replace(lengths=prompt_len.astype(jnp.int32))
+    filled = prefill_prompt(target, drafter, target_params, draft_params, prompt, prompt_len,
+                            capacity, config.prefill)             # chunked for long prompts
+    cache, draft_cache = filled.cache, filled.draft_cache
     key, first_key = jax.random.split(key)
-    first = choose(first_key, out.logits[:, 0], config.sampling)          # §9.13: sampled at T
+    first = choose(first_key, filled.logits, config.sampling)            # §9.13: sampled at T
     out_tokens = jnp.zeros((batch, config.max_new_tokens + width), jnp.int32).at[:, 0].set(first)
     num_out = jnp.ones((batch,), jnp.int32)
     done = (_first_stop(first[:, None], num_out, config.stop_token_ids) == 0)
     done |= config.max_new_tokens <= 1
-    if drafter is not None:
-        features = drafter.context_features(out)
-        draft_cache = drafter.ingest_prompt(target_params, draft_params, features, positions,
-                                            prompt_len, capacity)
-        context = jnp.zeros((batch, width, features.shape[-1]), features.dtype)
-    else:
-        draft_cache, context = None, jnp.zeros((batch, width, 0), target.dtype)
+    context = jnp.zeros((batch, width, filled.feature_dim), target.dtype)
     return DecodeState(out_tokens, num_out, done, first, cache, draft_cache, context,
                        jnp.zeros((batch,), jnp.int32), key, jnp.zeros((batch,), jnp.int32),
                        jnp.zeros((batch, width + 1), jnp.int32))
@@ -317,6 +310,7 @@ def _prepare(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
     if drafter is not None and getattr(drafter, "method", config.method) != config.method:
         raise ValueError(f"method {config.method!r} does not match the drafter's method "
                          f"{drafter.method!r}")
+    check_context_length(target.config, [len(p) for p in prompts], config.max_new_tokens)
     prompt, prompt_len = pad_prompts(prompts)
     num_drafts = drafter.verify_width - 1 if drafter is not None else 0   # verify rows - root
     needed = required_capacity(int(prompt_len.max()), config, num_drafts)
@@ -365,7 +359,10 @@ def generate(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
 
     ``on_chunk(tokens_so_far: list[list[int]])`` is called after each chunk of
     ``chunk_rounds`` rounds when streaming (one host sync per chunk, not per round).
-    Raises ``ValueError`` before any compute if prompt + generation exceeds the capacity.
+    Raises ``ValueError`` before any compute if prompt + generation exceeds the target's
+    context (:func:`~domino_jax.decode.prefill.check_context_length`) or the capacity.
+    Prompts padded to more than ``config.prefill.chunk`` tokens are prefilled in chunks
+    (:mod:`domino_jax.decode.prefill`: memory linear in the prompt).
     The programs are compiled on first use (``compile_seconds`` of the result) or taken from
     the cache that :func:`precompile` fills.
     """

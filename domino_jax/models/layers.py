@@ -18,6 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from domino_jax.models.blockwise_attention import attend_blockwise
 from domino_jax.pallas import check_attention_implementation
 
 Dtype = Any
@@ -66,11 +67,16 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array,
       another backend or for shapes it does not take;
     * ``"pallas_interpret"``: the same kernel in the Pallas interpreter (CPU tests);
     * ``"auto"``: the kernel on a GPU when it takes the shapes and dtypes, else ``"xla"``
-      (with a warning when a GPU falls back).
+      (with a warning when a GPU falls back);
+    * ``"blockwise"``: flash-style attention in XLA ops
+      (:func:`domino_jax.models.blockwise_attention.attend_blockwise`): never materialises
+      more than one key block of scores (what long prefill chunks use);
+    * ``"cudnn"``: cuDNN flash attention (``jax.nn.dot_product_attention(implementation=
+      "cudnn")``, the mask as a bias); GPU, bfloat16/float16 only, fails fast elsewhere.
 
-    Every choice but ``"reference"`` takes the ``"xla"`` path for more than ``MAX_ROWS =
-    256`` query rows per KV head (``T * nH / nKV``: a prefill, not the kernel's job).
-    :func:`resolve_attention` makes the choice.
+    The kernel choices (``"pallas"``, ``"pallas_interpret"``, ``"auto"``) take the
+    ``"xla"`` path for more than ``MAX_ROWS = 256`` query rows per KV head (``T * nH /
+    nKV``: a prefill, not the kernel's job). :func:`resolve_attention` makes the choice.
 
     Args:
       q: ``[B, T, nH, D]`` queries (already rotated).
@@ -106,6 +112,12 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array,
     path = resolve_attention(implementation, q, k, v)
     if path == "reference":
         return attend_reference(q, k, v, visible)
+    if path == "blockwise":
+        return attend_blockwise(q, k, v, visible, MASK_VALUE)
+    if path == "cudnn":
+        out = jax.nn.dot_product_attention(q, k, v, mask=visible.astype(bool)[:, None],
+                                           implementation="cudnn")
+        return out.astype(v.dtype)
     if path.startswith("pallas"):
         from domino_jax.pallas.cache_attention import cache_attention
         return cache_attention(q, k, v, visible, interpret=path == "pallas_interpret")
@@ -124,6 +136,17 @@ def resolve_attention(implementation: str, q: jax.Array, k: jax.Array, v: jax.Ar
     check_attention_implementation(implementation)
     if implementation in ("xla", "reference"):
         return implementation
+    if implementation == "blockwise":
+        return "blockwise"             # any dtypes (products promote, as the reference)
+    if implementation == "cudnn":
+        if jax.default_backend() != "gpu":
+            raise ValueError(f"attention implementation 'cudnn' needs a GPU (backend: "
+                             f"{jax.default_backend()}); use 'blockwise' or 'xla'")
+        if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (jnp.bfloat16, jnp.float16):
+            raise ValueError(f"attention implementation 'cudnn' takes bfloat16/float16 "
+                             f"inputs of one dtype (q {q.dtype}, k {k.dtype}, v {v.dtype}); "
+                             "use 'blockwise' or 'xla'")
+        return "cudnn"
     from domino_jax.pallas import cache_attention as kernel
     if kernel.too_many_rows(q.shape, k.shape):
         return "xla"                    # a prefill: the XLA path by design, for every choice
@@ -152,6 +175,8 @@ def attend_cache_layer(q: jax.Array, keys: jax.Array, values: jax.Array, layer: 
     XLA and reference paths take the slice ``keys[layer]`` as before."""
     k, v = keys[layer], values[layer]
     path = resolve_attention(implementation, q, k, v)
+    if path == "blockwise":            # reads the layer block by block, in place
+        return attend_blockwise(q, keys, values, visible, MASK_VALUE, layer=layer)
     if path.startswith("pallas"):
         from domino_jax.pallas.cache_attention import cache_attention
         return cache_attention(q, keys, values, visible, layer=layer,

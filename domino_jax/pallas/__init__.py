@@ -9,7 +9,12 @@ This package's ``__init__`` imports no jax (the CLI builds its parser from it).
 
 # Values of ``models.layers.attend(implementation=)``, ``load_pair(attention=)`` and the CLI's
 # ``--attention``.
-ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "reference", "pallas", "pallas_interpret")
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "reference", "pallas", "pallas_interpret",
+                             "blockwise", "cudnn")
+# The ones a long prefill's chunks may use (``PrefillConfig.attention``, ``--prefill-attention``):
+# ``blockwise`` (flash-style in XLA, the default), ``xla`` (one score matrix per chunk),
+# ``cudnn`` (cuDNN flash attention through ``jax.nn.dot_product_attention``; GPU, bf16/fp16).
+PREFILL_ATTENTION_IMPLEMENTATIONS = ("blockwise", "xla", "cudnn")
 
 
 def check_attention_implementation(name: str) -> None:
