@@ -215,6 +215,40 @@ def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tup
     return tuple(int(round(1 + i * span)) for i in range(num_draft_layers))
 
 
+FULL_ATTENTION, SLIDING_ATTENTION = "full_attention", "sliding_attention"
+
+
+def _draft_layer_types(raw: dict[str, Any], num_layers: int, where: str
+                       ) -> tuple[tuple[str, ...], int | None]:
+    """``(layer_types, sliding_window)`` of a draft config, read as transformers' Qwen3Config
+    and SpecForge's DFlash read them: ``sliding_window`` counts only with
+    ``use_sliding_window``; without ``layer_types`` the layers from ``max_window_layers`` on
+    slide. All-full layouts come back as ``()`` (the default)."""
+    use_window = bool(raw.get("use_sliding_window", False))
+    window = raw.get("sliding_window") if use_window else None
+    layer_types = raw.get("layer_types")
+    if layer_types is None:
+        first = int(raw.get("max_window_layers", 28))
+        layer_types = [SLIDING_ATTENTION if window is not None and i >= first
+                       else FULL_ATTENTION for i in range(num_layers)]
+    layer_types = tuple(layer_types)
+    if len(layer_types) != num_layers:
+        raise ConfigError(f"{where}: layer_types has {len(layer_types)} entries for "
+                          f"num_hidden_layers={num_layers}")
+    unknown = sorted(set(layer_types) - {FULL_ATTENTION, SLIDING_ATTENTION})
+    if unknown:
+        raise ConfigError(f"{where}: layer_types contains {unknown}: only 'full_attention' "
+                          "and 'sliding_attention' draft layers are supported")
+    if SLIDING_ATTENTION not in layer_types:
+        return (), None
+    if window is None or int(window) <= 0:
+        raise ConfigError(f"{where}: 'sliding_attention' layers need use_sliding_window=true "
+                          f"and a positive sliding_window (got use_sliding_window="
+                          f"{raw.get('use_sliding_window')!r}, sliding_window="
+                          f"{raw.get('sliding_window')!r})")
+    return layer_types, int(window)
+
+
 @dataclasses.dataclass(frozen=True)
 class DraftConfig:
     """A DFlash drafter (block backbone) with an optional Domino head (GRU + correction).
@@ -245,6 +279,17 @@ class DraftConfig:
     emb_dim: int = 0                    # E (Domino only)
     gru_hidden_dim: int = 0             # G (Domino only)
     fused_projections: bool = False     # parameter layout (see TargetConfig)
+    # SpecForge's sliding-window draft layers: () = every layer "full_attention"; else one
+    # "full_attention" / "sliding_attention" per layer, the sliding ones reading the last
+    # ``sliding_window`` positions (causal inside the block, see models.dflash)
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of draft layer ``layer`` (``None``: full attention)."""
+        if self.layer_types and self.layer_types[layer] == SLIDING_ATTENTION:
+            return self.sliding_window
+        return None
 
     @property
     def has_domino_head(self) -> bool:
@@ -281,12 +326,6 @@ class DraftConfig:
         act = raw.get("hidden_act", "silu")
         if act != "silu":
             raise ConfigError(f"{where}: hidden_act={act!r} is not supported (only 'silu')")
-        layer_types = raw.get("layer_types")
-        if layer_types and any(t != "full_attention" for t in layer_types):
-            raise ConfigError(f"{where}: layer_types contains {sorted(set(layer_types))}: only "
-                              "'full_attention' draft layers are supported")
-        if raw.get("use_sliding_window"):
-            raise ConfigError(f"{where}: use_sliding_window=true is not supported on the drafter")
         block_size = raw.get("block_size", dflash.get("block_size"))
         if block_size is None:
             raise ConfigError(f"{where}: missing required field 'block_size' (top level or "
@@ -295,6 +334,7 @@ class DraftConfig:
         if block_size < 2:
             raise ConfigError(f"{where}: block_size={block_size} must be at least 2")
         num_layers = int(_require(raw, "num_hidden_layers", where))
+        layer_types, sliding_window = _draft_layer_types(raw, num_layers, where)
         num_target_layers = int(_require(raw, "num_target_layers", where))
         mask_token_id = dflash.get("mask_token_id", raw.get("mask_token_id"))
         if mask_token_id is None:
@@ -351,6 +391,8 @@ class DraftConfig:
             shift_label=shift_label,
             emb_dim=emb_dim if projector else 0,
             gru_hidden_dim=gru_dim if projector else 0,
+            layer_types=layer_types,
+            sliding_window=sliding_window,
         )
         if cfg.has_domino_head and cfg.k_draft <= cfg.pure_draft_prefix_len:
             raise ConfigError(f"{where}: pure_draft_prefix_len={prefix_len} leaves no corrected "
@@ -390,8 +432,9 @@ class DraftConfig:
             "rope_theta": self.rope_theta,
             "rope_scaling": None,
             "max_position_embeddings": self.max_position_embeddings,
-            "layer_types": ["full_attention"] * self.num_layers,
-            "sliding_window": None,
+            "layer_types": list(self.layer_types) or [FULL_ATTENTION] * self.num_layers,
+            "sliding_window": self.sliding_window,
+            "use_sliding_window": self.sliding_window is not None,
             "tie_word_embeddings": False,
             "attention_bias": False,
             "hidden_act": "silu",

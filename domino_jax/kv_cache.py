@@ -62,6 +62,13 @@ class KVCache:
         values = self.values.at[layer, rows, slots].set(v_new.astype(self.values.dtype), mode="drop")
         return self.replace(keys=keys, values=values)
 
+    def gather_layer(self, layer: int, slots: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Keys and values ``[B, L, nKV, D]`` of ``layer`` at ``slots [B, L]`` (clipped to
+        the capacity: callers mask slots ``>= capacity``), e.g. a sliding window."""
+        rows = jnp.arange(self.batch)[:, None]
+        slots = jnp.minimum(slots, self.capacity - 1)
+        return self.keys[layer, rows, slots], self.values[layer, rows, slots]
+
     def advance(self, n: jax.Array) -> "KVCache":
         """Commit ``n [B]`` (or a scalar) more slots per row."""
         return self.replace(lengths=self.lengths + jnp.asarray(n, jnp.int32))

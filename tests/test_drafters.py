@@ -194,9 +194,11 @@ def torch_rope(x, positions, theta):
 
 
 def torch_draft_forward(sd, cfg: DraftConfig, features, ctx_pos, block_embeds, block_pos,
-                        cached):
+                        cached, layer_masks=None):
     """algorithms.md §2.3 for one row. ``cached``: per layer (k, v) ``[S, nKV, D]`` of earlier
-    context. Returns (draft_hidden [Bk, H], cache with the new context appended)."""
+    context. ``layer_masks``: per layer ``None`` (every key) or bool ``[Bk, S + Tc + Bk]``
+    over ``[cached, new context, block]`` keys. Returns (draft_hidden [Bk, H], cache with the
+    new context appended)."""
     eps, nh, nkv, d = cfg.rms_norm_eps, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     ctx = torch_rms(features @ sd["fc.weight"].T, sd["hidden_norm.weight"], eps)
     x = block_embeds
@@ -219,6 +221,8 @@ def torch_draft_forward(sd, cfg: DraftConfig, features, ctx_pos, block_embeds, b
         kk = k.repeat_interleave(nh // nkv, dim=1)
         vv = v.repeat_interleave(nh // nkv, dim=1)
         scores = torch.einsum("thd,shd->hts", q, kk) / d ** 0.5
+        if layer_masks is not None and layer_masks[i] is not None:
+            scores = scores.masked_fill(~torch.as_tensor(layer_masks[i])[None], -torch.inf)
         attn = torch.einsum("hts,shd->thd", scores.softmax(-1), vv).reshape(x.shape[0], -1)
         x = x + attn @ p("self_attn.o_proj.weight").T
         h = torch_rms(x, p("post_attention_layernorm.weight"), eps)

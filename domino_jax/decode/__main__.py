@@ -18,7 +18,8 @@ import logging
 import os
 import sys
 
-from domino_jax.pallas import ATTENTION_IMPLEMENTATIONS
+from domino_jax.pallas import (ATTENTION_IMPLEMENTATIONS, DEFAULT_PREFILL_CHUNK,
+                               PREFILL_ATTENTION_IMPLEMENTATIONS)
 
 DEFAULT_PROMPT = "Explain in three sentences why the sky is blue."
 log = logging.getLogger("domino_jax.decode")
@@ -52,6 +53,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="attention over the KV cache: 'xla' (default), 'pallas' (the split-K "
                         "Pallas kernel; GPU, fails elsewhere), 'auto' (the kernel on a GPU, "
                         "XLA elsewhere), 'reference' (einsum), 'pallas_interpret' (CPU, slow)")
+    p.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK,
+                   help="prompts padded to more than N tokens are prefilled in chunks of at "
+                        "most N (memory linear in the prompt; default "
+                        f"{DEFAULT_PREFILL_CHUNK}); 0 = always one forward (memory quadratic "
+                        "in the prompt)")
+    p.add_argument("--prefill-attention", default="blockwise",
+                   choices=PREFILL_ATTENTION_IMPLEMENTATIONS,
+                   help="attention of the prefill chunks: 'blockwise' (default: flash-style "
+                        "in XLA, one key block of scores at a time), 'xla' (one score matrix "
+                        "per chunk), 'cudnn' (cuDNN flash attention; GPU, bfloat16)")
+    p.add_argument("--draft-window", type=int, default=None, metavar="W",
+                   help="the drafter's layers read at most the last W context positions (a "
+                        "sliding window: draft cost stops growing with the context; drafts "
+                        "change only once the context exceeds W). Default: the checkpoint's "
+                        "layout (full attention unless it declares sliding layers)")
     p.add_argument("--tree-builder", default="frontier", choices=("frontier", "heap"),
                    help="tree methods: 'frontier' (one batched step per depth, default) or "
                         "'heap' (one pop per node); both build the same tree")
@@ -97,7 +113,8 @@ def _run(args) -> int:
     import jax.numpy as jnp
 
     from domino_jax.decode.loading import (default_models, encode_prompt, load_pair,
-                                          load_tokenizer, stop_token_ids)
+                                           load_tokenizer, stop_token_ids)
+    from domino_jax.decode.prefill import PrefillConfig
     from domino_jax.decode.sampling import SamplingConfig
     from domino_jax.decode.speculative import METHODS, DecodeConfig, generate
 
@@ -115,6 +132,12 @@ def _run(args) -> int:
                        dict(head_topm=args.head_topm) if method == "domino" else
                        dict(budget=args.budget, topm=args.topm, node_topk=args.node_topk,
                             builder=args.tree_builder))
+    if args.draft_window is not None:
+        if method == "ar":
+            raise ValueError("--draft-window sets the drafter's context window: it needs a "
+                             "drafter method, not 'ar'")
+        drafter_options["context_window"] = args.draft_window
+    prefill = PrefillConfig(chunk=args.prefill_chunk, attention=args.prefill_attention)
     target, target_params, drafter, draft_params = load_pair(
         target_dir, draft_dir if method != "ar" else None, method, dtype,
         head_input_table=args.head_input_table, attention=args.attention, **drafter_options)
@@ -133,7 +156,7 @@ def _run(args) -> int:
         method=method, max_new_tokens=args.max_new_tokens,
         sampling=SamplingConfig(args.temperature, args.top_k, args.top_p),
         draft_policy=args.draft_policy, draft_temperature=args.draft_temperature,
-        verify=args.verify, stop_token_ids=stop_ids)
+        verify=args.verify, stop_token_ids=stop_ids, prefill=prefill)
     print(f"[domino_jax] target={target_dir} draft={draft_dir if method != 'ar' else '-'} "
           f"method={method} T={args.temperature} backend={jax.default_backend()}",
           file=sys.stderr)
@@ -150,7 +173,8 @@ def _run(args) -> int:
     print(summary_line(method, result), file=sys.stderr)
     if args.compare_ar and method != "ar":
         ar_config = DecodeConfig(method="ar", max_new_tokens=args.max_new_tokens,
-                                 sampling=config.sampling, stop_token_ids=stop_ids)
+                                 sampling=config.sampling, stop_token_ids=stop_ids,
+                                 prefill=prefill)
         ar = generate(target, target_params, prompts, ar_config, seed=args.seed)
         ar = generate(target, target_params, prompts, ar_config, seed=args.seed)  # warm timing
         result = generate(target, target_params, prompts, config, drafter, draft_params,

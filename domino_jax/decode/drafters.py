@@ -28,6 +28,13 @@ from domino_jax.models import dflash, domino_head
 from domino_jax.models.qwen3 import TargetLM, TargetOutput
 
 
+def check_context_window(window: int | None) -> None:
+    """``ValueError`` unless ``window`` (``--draft-window``) is ``None`` or >= 1."""
+    if window is not None and window < 1:
+        raise ValueError(f"draft context window (--draft-window) must be >= 1 position, got "
+                         f"{window}")
+
+
 def one_hot_log_probs(tokens: jax.Array, vocab: int) -> jax.Array:
     return jnp.where(jax.nn.one_hot(tokens, vocab, dtype=bool), 0.0, -jnp.inf)
 
@@ -38,6 +45,7 @@ class ChainDrafter:
     target: TargetLM
     method: str = "domino"            # "dflash" | "domino"
     head_topm: int = 0                # Domino: candidate pool per position (0 = full vocab)
+    context_window: int | None = None  # draft layers read at most the last W positions
 
     def __post_init__(self):
         if self.method not in ("dflash", "domino"):
@@ -49,12 +57,14 @@ class ChainDrafter:
         if self.head_topm < 0:
             raise ValueError(f"head_topm must be >= 0 (0 = full vocabulary), got "
                              f"{self.head_topm}")
+        check_context_window(self.context_window)
 
     @property
     def backbone(self) -> dflash.DFlashBackbone:
         return dflash.DFlashBackbone(self.config, dtype=self.target.dtype,
                                      param_dtype=self.target.param_dtype,
-                                     attention_impl=self.target.attention_impl)
+                                     attention_impl=self.target.attention_impl,
+                                     context_window=self.context_window)
 
     is_tree = False
 

@@ -36,9 +36,7 @@ import jax.numpy as jnp
 from domino_jax.config import TargetConfig
 from domino_jax.kv_cache import KVCache
 from domino_jax.models.qwen3 import TargetLM, new_cache
-from domino_jax.pallas import PREFILL_ATTENTION_IMPLEMENTATIONS
-
-DEFAULT_CHUNK = 2048        # as SGLang's default chunked-prefill size on large GPUs
+from domino_jax.pallas import DEFAULT_PREFILL_CHUNK, PREFILL_ATTENTION_IMPLEMENTATIONS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +51,7 @@ class PrefillConfig:
     score matrix per layer; ``"cudnn"``: cuDNN flash attention, GPU and bf16/fp16 only).
     """
 
-    chunk: int = DEFAULT_CHUNK
+    chunk: int = DEFAULT_PREFILL_CHUNK
     attention: str = "blockwise"
 
     def __post_init__(self):
@@ -202,3 +200,22 @@ def _prefill_chunked(target, drafter, target_params, draft_params, prompt, promp
                                             positions, prompt_len, capacity)
     return PrefillOutput(cache.replace(lengths=prompt_len), logits, draft_cache,
                          feature_dim[0])
+
+
+_prefill_prompt_jit = jax.jit(prefill_prompt, static_argnums=(0, 1, 6, 7))
+
+
+def compiled_prefill(target: TargetLM, drafter, target_params, draft_params, batch: int,
+                     width: int, capacity: int, config: PrefillConfig = PrefillConfig()):
+    """The compiled (not run) :func:`prefill_prompt` for prompts ``[batch, width]``.
+
+    Parameters may be ``jax.ShapeDtypeStruct`` trees (``qwen3.param_shapes``): nothing is
+    allocated. ``.memory_analysis()`` of the result gives XLA's byte counts (arguments,
+    outputs, ``temp_size_in_bytes`` = the largest live set of intermediates), which is how
+    the tests and ``benchmarks/bench_long_context.py`` check that memory grows linearly."""
+    spec = lambda tree: jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+    prompt = jax.ShapeDtypeStruct((batch, width), jnp.int32)
+    prompt_len = jax.ShapeDtypeStruct((batch,), jnp.int32)
+    return _prefill_prompt_jit.lower(target, drafter, spec(target_params), spec(draft_params),
+                                     prompt, prompt_len, capacity, config).compile()

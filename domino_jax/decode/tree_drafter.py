@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from domino_jax.decode import tree as tree_lib
 from domino_jax.decode import tree_frontier
-from domino_jax.decode.drafters import ChainDrafter
+from domino_jax.decode.drafters import ChainDrafter, check_context_window
 from domino_jax.decode.sampling import target_log_probs
 from domino_jax.models import domino_head
 
@@ -76,6 +76,7 @@ class TreeDrafter(ChainDrafter):
         if self.method == "dominotree" and not self.config.has_domino_head:
             raise ValueError("method 'dominotree' needs a Domino checkpoint (prefix_gru / "
                              "embed_proj tensors); use 'ddtree' with a plain DFlash drafter")
+        check_context_window(self.context_window)
         if self.budget < 1:
             raise ValueError(f"tree budget must be >= 1, got {self.budget}")
         if self.builder not in self.BUILDERS:

@@ -46,42 +46,89 @@ Dtype = Any
 
 
 def draft_key_visibility(committed_lengths: jax.Array, context_lengths: jax.Array,
-                         context_rows: int, block_len: int, num_keys: int) -> jax.Array:
-    """Which key slots the block queries read: bool ``[B, block_len, num_keys]``.
+                         context_rows: int, block_len: int, num_keys: int,
+                         window: int | None = None, block_causal: bool = False,
+                         key_slots: jax.Array | None = None) -> jax.Array:
+    """Which key slots the block queries read: bool ``[B, block_len, num_keys]`` (or
+    ``[B, block_len, L]`` over ``key_slots [B, L]``, the slots a windowed layer gathers).
 
     New keys sit at slots ``committed + u`` for ``u`` in ``0 .. context_rows + block_len - 1``
     (context rows first, then the block). Visible: every committed slot, the first
     ``context_lengths[b]`` context rows, and the whole block (non-causal). Every block query
     sees the same keys.
+
+    ``window`` W (SpecForge's ``sliding_attention`` draft layers): block query ``j`` (at
+    position ``p_j = start + j``) reads only the context within ``W`` positions of itself,
+    ``p >= p_j - (W - 1)``, and the block keys ``j' >= j - (W - 1)``; ``block_causal``: block
+    keys ``j' <= j`` only (SpecForge's and SGLang's default for sliding layers). The
+    context is contiguous and ends right before the block, so positions follow from slots.
     """
-    rel = jnp.arange(num_keys)[None, :] - committed_lengths[:, None]          # [B, S]
-    visible = ((rel < 0)
-               | ((rel >= 0) & (rel < context_lengths[:, None]))
-               | ((rel >= context_rows) & (rel < context_rows + block_len)))
-    return jnp.broadcast_to(visible[:, None, :], (visible.shape[0], block_len, num_keys))
+    if key_slots is None:
+        key_slots = jnp.arange(num_keys)[None, :]
+    rel = key_slots - committed_lengths[:, None]                              # [B, S]
+    is_context = (rel < 0) | ((rel >= 0) & (rel < context_lengths[:, None]))
+    block_offset = rel - context_rows
+    is_block = (block_offset >= 0) & (block_offset < block_len)
+    batch = committed_lengths.shape[0]
+    if window is None and not block_causal:
+        visible = is_context | is_block
+        return jnp.broadcast_to(visible[:, None, :], (batch, block_len, visible.shape[1]))
+    query = jnp.arange(block_len)[None, :, None]                              # j
+    context_visible = is_context[:, None, :]
+    block_visible = is_block[:, None, :]
+    if window is not None:
+        # context position p_j - p = (context_len - rel) + j must be < W
+        context_visible &= (rel - context_lengths[:, None])[:, None, :] >= query - (window - 1)
+        block_visible &= block_offset[:, None, :] >= query - (window - 1)
+    if block_causal:
+        block_visible &= block_offset[:, None, :] <= query
+    return context_visible | block_visible
 
 
 class DraftLayer(DecoderLayerBase):
     """One Qwen3 decoder layer whose keys/values also include the shared context ``ctx``."""
 
     def __call__(self, x, ctx, context_positions, block_positions, visible,
-                 cache: KVCache | None, layer_index: int):
-        """``x [B, Bk, H]`` block stream, ``ctx [B, Tc, H]`` shared context -> ``(x', cache')``."""
+                 cache: KVCache | None, layer_index: int, key_slots: jax.Array | None = None):
+        """``x [B, Bk, H]`` block stream, ``ctx [B, Tc, H]`` shared context -> ``(x', cache')``.
+        ``key_slots [B, L]``: attend over these cache slots only (a sliding window)."""
         h = self.input_layernorm(x)
         rows = jnp.concatenate([ctx, h], axis=1)                          # [B, Tc + Bk, H]
         positions = jnp.concatenate([context_positions, block_positions], axis=1)
         # keys/values of context and block in one product, queries of the block only
         q, k, v = self.self_attn.qkv(rows, positions, q_from=ctx.shape[1])
-        return self.finish(x, q, k, v, visible, cache, layer_index)
+        return self.finish(x, q, k, v, visible, cache, layer_index, key_slots)
 
 
 class DFlashBackbone(nn.Module):
-    """DFlash backbone: ``fc`` + ``hidden_norm`` over the taps, Qwen3 layers, final ``norm``."""
+    """DFlash backbone: ``fc`` + ``hidden_norm`` over the taps, Qwen3 layers, final ``norm``.
+
+    ``context_window`` (an inference option, not a checkpoint field): every layer reads at
+    most the last ``W`` positions (a sliding window, :func:`draft_key_visibility`; the
+    checkpoint's own sliding layers keep the smaller of the two windows). A windowed layer
+    with a cache gathers only its ``W - 1 + Tc + Bk`` slots, so its attention cost stops
+    growing with the context. When the whole context fits in the window the drafts equal
+    the full-window drafts (``tests/test_long_prompts.py``).
+    """
 
     config: DraftConfig
     dtype: Dtype = jnp.bfloat16
     param_dtype: Dtype = jnp.bfloat16
     attention_impl: str = "xla"     # attention over the KV cache: models.layers.attend
+    context_window: int | None = None
+
+    def layer_windows(self) -> tuple[tuple[int | None, bool], ...]:
+        """``(window, block_causal)`` of each layer: the checkpoint's sliding layers
+        (window ``sliding_window``, causal in the block), capped by ``context_window``."""
+        c = self.config
+        views = []
+        for i in range(c.num_layers):
+            window = c.layer_window(i)
+            if self.context_window is not None:
+                window = self.context_window if window is None else min(window,
+                                                                        self.context_window)
+            views.append((window, c.layer_window(i) is not None))
+        return tuple(views)
 
     def setup(self):
         c = self.config
@@ -120,11 +167,25 @@ class DFlashBackbone(nn.Module):
         else:
             committed = cache.lengths
             num_keys = cache.capacity
-        visible = draft_key_visibility(committed, context_lengths, context_rows, block_len,
-                                       num_keys)
+        views = {}                       # (window, block_causal) -> (visible, key_slots)
+        for view in dict.fromkeys(self.layer_windows()):
+            window, block_causal = view
+            key_slots = None
+            span = None if window is None else window - 1 + context_rows + block_len
+            if cache is not None and span is not None and span < cache.capacity:
+                low = jnp.maximum(committed + context_lengths - (window - 1), 0)
+                key_slots = low[:, None] + jnp.arange(span, dtype=jnp.int32)[None, :]
+            visible = draft_key_visibility(committed, context_lengths, context_rows,
+                                           block_len, num_keys, window, block_causal,
+                                           key_slots)
+            if key_slots is not None:                     # slots past the capacity
+                visible &= (key_slots < cache.capacity)[:, None, :]
+            views[view] = (visible, key_slots)
         x = block_embeds.astype(self.dtype)
-        for i, layer in enumerate(self.layers):
-            x, cache = layer(x, ctx, context_positions, block_positions, visible, cache, i)
+        for i, (layer, view) in enumerate(zip(self.layers, self.layer_windows())):
+            visible, key_slots = views[view]
+            x, cache = layer(x, ctx, context_positions, block_positions, visible, cache, i,
+                             key_slots)
         draft_hidden = self.norm(x)
         if cache is not None:
             cache = cache.advance(context_lengths)

@@ -317,13 +317,20 @@ class DecoderLayerBase(nn.Module):
                                    getattr(c, "qkv_bias", False), c.rms_norm_eps, fused, **kw)
         self.mlp = MLP(c.intermediate_size, fused, **kw)
 
-    def finish(self, x, q, k, v, visible, cache, layer_index: int):
-        """Write the new ``k, v`` into ``cache`` (if any, reading back the whole layer),
-        attend, add the residual and the MLP: ``-> (x', cache')``.
+    def finish(self, x, q, k, v, visible, cache, layer_index: int,
+               key_slots: jax.Array | None = None):
+        """Write the new ``k, v`` into ``cache`` (if any, reading back the whole layer, or
+        only the slots ``key_slots [B, L]`` when given: a sliding window, ``visible`` then
+        ``[B, T, L]`` over those slots), attend, add the residual and the MLP:
+        ``-> (x', cache')``.
 
         Attention over a cache uses ``attention_impl``; without a cache (training, cacheless
         forwards) it is always the XLA path."""
-        if cache is not None:
+        if cache is not None and key_slots is not None:
+            cache = cache.write_layer(layer_index, k, v)
+            window_k, window_v = cache.gather_layer(layer_index, key_slots)
+            attn = attend(q, window_k, window_v, visible, self.attention_impl)
+        elif cache is not None:
             cache = cache.write_layer(layer_index, k, v)
             attn = attend_cache_layer(q, cache.keys, cache.values, layer_index, visible,
                                       self.attention_impl)

@@ -15,6 +15,9 @@ ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "reference", "pallas", "pallas_inter
 # ``blockwise`` (flash-style in XLA, the default), ``xla`` (one score matrix per chunk),
 # ``cudnn`` (cuDNN flash attention through ``jax.nn.dot_product_attention``; GPU, bf16/fp16).
 PREFILL_ATTENTION_IMPLEMENTATIONS = ("blockwise", "xla", "cudnn")
+# Prompts padded to more than this many tokens are prefilled in chunks (``PrefillConfig.chunk``,
+# ``--prefill-chunk``); SGLang's chunked-prefill size on large GPUs.
+DEFAULT_PREFILL_CHUNK = 2048
 
 
 def check_attention_implementation(name: str) -> None:

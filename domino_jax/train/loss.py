@@ -96,6 +96,9 @@ class TrainBackbone(dflash.DFlashBackbone):
         """``context_features [B, S, n*H]`` (positions ``0..S-1``), ``block_embeds
         [B, N*Bk, H]`` at ``block_positions [B, N*Bk]``, ``visible`` from
         :func:`block_visibility` -> final-normed ``draft_hidden [B, N*Bk, H]``."""
+        if any(w is not None for w, _ in self.layer_windows()):
+            raise ValueError("training drafters with sliding-window layers (layer_types "
+                             "'sliding_attention' or a context_window) is not supported")
         batch, seq_len, _ = context_features.shape
         ctx = self.hidden_norm(self.fc(context_features.astype(self.dtype)))
         ctx_positions = jnp.broadcast_to(jnp.arange(seq_len, dtype=jnp.int32), (batch, seq_len))
