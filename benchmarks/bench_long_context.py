@@ -351,7 +351,8 @@ def yield_rows(args, what: str, rows: list[dict], extra: dict | None = None) -> 
     meta = dict(date=STAMP, commit=git_commit(args.git_commit), argv=sys.argv[1:],
                 device=str(jax.devices()[0].device_kind), backend=jax.default_backend(),
                 versions=versions(), python=sys.version.split()[0], shape=args.shape,
-                max_new_tokens=args.max_new_tokens, **(extra or {}))
+                max_new_tokens=args.max_new_tokens, cpu_count=os.cpu_count(),
+                load_average=os.getloadavg(), **(extra or {}))
     os.makedirs(args.out, exist_ok=True)
     base = os.path.join(args.out, f"long_{what}_{STAMP}")
     with open(base + ".json", "w") as f:
@@ -366,7 +367,7 @@ def _mb(n) -> str:
 
 def prefill_report(meta, rows) -> str:
     lines = [f"# Prefill memory and time ({meta['shape']}, {meta['device']}, commit "
-             f"{meta['commit']}, {meta['date']})", "",
+             f"{meta['commit']}, {meta['date']})", "", _load_line(meta), "",
              "XLA temp = the compiled prefill's largest live set of intermediates "
              "(`memory_analysis().temp_size_in_bytes`); peak = the child process's peak "
              "RSS (CPU) or the device's peak bytes in use (GPU), weights and compiler "
@@ -388,9 +389,16 @@ def prefill_report(meta, rows) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _load_line(meta) -> str:
+    load = meta.get("load_average")
+    return ("" if load is None else f"Machine: {meta.get('cpu_count')} CPUs, load average "
+            f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min) when written; "
+            "times on a shared machine are upper bounds.")
+
+
 def draft_report(meta, rows) -> str:
     lines = [f"# Draft forward against the context ({meta['shape']}, {meta['device']}, "
-             f"commit {meta['commit']}, {meta['date']})", "",
+             f"commit {meta['commit']}, {meta['date']})", "", _load_line(meta), "",
              "`draft_block`: backbone over one round's context rows + block, LM head on the "
              "draft rows; median of the reps.", "",
              "| context positions | window | draft ms | min ms | XLA temp MB |",
@@ -408,7 +416,7 @@ def draft_report(meta, rows) -> str:
 def tau_report(meta, rows) -> str:
     lines = [f"# tau at long context ({meta.get('models')}, {meta['device']}, commit "
              f"{meta['commit']}, {meta['date']}, greedy, {meta['max_new_tokens']} new tokens, "
-             f"Python {meta['python']} sources)", "",
+             f"Python {meta['python']} sources)", "", _load_line(meta), "",
              "| context | prompt | tokens | method | tau | new tokens | identical to AR |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:

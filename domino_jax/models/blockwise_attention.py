@@ -54,7 +54,7 @@ def attend_blockwise(q: jax.Array, keys: jax.Array, values: jax.Array, visible: 
     last_seen = jnp.where(jnp.all(jnp.any(visible, axis=2)), last_seen, num_keys - 1)
     num_blocks = jnp.clip(last_seen // block + 1, 1, max_blocks)
 
-    qg = q.reshape(batch, q_len, num_kv, group, head_dim)
+    qg = jnp.transpose(q.reshape(batch, q_len, num_kv, group, head_dim), (0, 2, 3, 1, 4))
     scale = head_dim ** -0.5
 
     def key_slice(cache, start):
@@ -68,7 +68,7 @@ def attend_blockwise(q: jax.Array, keys: jax.Array, values: jax.Array, visible: 
         k_blk, v_blk = key_slice(keys, start), key_slice(values, start)   # [B, Kb, nKV, D]
         vis = jax.lax.dynamic_slice_in_dim(visible, start, block, axis=2)  # [B, T, Kb]
         fresh = start + jnp.arange(block) >= j * block       # not visited by an earlier block
-        scores = jnp.einsum("btkgd,bskd->bkgts", qg, k_blk,
+        scores = jnp.einsum("bkgtd,bskd->bkgts", qg, k_blk,
                             preferred_element_type=jnp.float32) * scale
         scores = jnp.where(vis[:, None, None], scores, mask_value)
         scores = jnp.where(fresh, scores, -jnp.inf)

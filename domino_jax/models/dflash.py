@@ -108,7 +108,7 @@ class DFlashBackbone(nn.Module):
     checkpoint's own sliding layers keep the smaller of the two windows). A windowed layer
     with a cache gathers only its ``W - 1 + Tc + Bk`` slots, so its attention cost stops
     growing with the context. When the whole context fits in the window the drafts equal
-    the full-window drafts (``tests/test_long_prompts.py``).
+    the full-window drafts (``tests/test_draft_window.py``).
     """
 
     config: DraftConfig
