@@ -264,14 +264,14 @@ def long_sources() -> dict[str, tuple[str, str]]:
 def cut_prompt(tokenizer, instruction: str, text: str, length: int) -> list[int]:
     """The chat-templated ``instruction + text`` with ``text`` cut (at a line) so the prompt
     has at most ``length`` tokens."""
-    from domino_jax.decode.__main__ import encode
+    from domino_jax.decode.loading import encode_prompt
 
     lines = text.splitlines(keepends=True)
     low, high = 1, len(lines)
     best = None
     while low <= high:                               # most lines that fit
         mid = (low + high) // 2
-        ids = encode(tokenizer, f"{instruction}\n\n{''.join(lines[:mid])}", True)
+        ids = encode_prompt(tokenizer, f"{instruction}\n\n{''.join(lines[:mid])}", True)
         if len(ids) <= length:
             best, low = ids, mid + 1
         else:
@@ -284,14 +284,14 @@ def cut_prompt(tokenizer, instruction: str, text: str, length: int) -> list[int]
 def tau_run(args) -> list[dict]:
     import jax
 
-    from domino_jax.decode.__main__ import eos_ids
-    from domino_jax.decode.loading import default_models, load_tokenizer, make_drafter
+    from domino_jax.decode.loading import (default_models, load_tokenizer, make_drafter,
+                                           stop_token_ids)
     from domino_jax.decode.speculative import DecodeConfig, generate
 
     target_dir, _ = default_models(None, None)
     tokenizer = load_tokenizer(target_dir)
     target, tp, domino, dp, models = build_models("demo")
-    stop = tuple(eos_ids(tokenizer, target.config))
+    stop = stop_token_ids(tokenizer, target.config)
     methods = [m for m in args.methods.split(",") if m]
     drafters = {}
     for m in methods:
