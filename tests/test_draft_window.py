@@ -20,9 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 from decode_helpers import draft_config, reference_greedy, tiny_draft, tiny_target
-from test_drafters import SMALL, RTOL, _random_draft, _t, rel_err, torch_draft_forward
+from test_drafters import SMALL, _random_draft, draft_rounds_vs_torch
 
 from domino_jax.config import ConfigError, DraftConfig
 from domino_jax.decode.drafters import ChainDrafter
@@ -80,30 +79,16 @@ def test_sliding_backbone_matches_torch(context_window):
     views = backbone.layer_windows()
     assert views == ((4, True), (context_window, False))
     apply = jax.jit(lambda *a: backbone.apply({"params": params["backbone"]}, *a))
-    rng = np.random.default_rng(0)
-    cfg, batch = SLIDING, 2
-    n_h, bk = cfg.num_taps * cfg.hidden_size, cfg.block_size
-    cache = dflash.new_draft_cache(cfg, batch, 64, jnp.float32)
-    empty = torch.zeros(0, cfg.num_kv_heads, cfg.head_dim, dtype=torch.float64)
-    torch_caches = [[(empty, empty)] * cfg.num_layers for _ in range(batch)]
-    committed = np.zeros(batch, np.int64)
-    for ctx_lens, rows in (([7, 4], 7), ([2, 3], 7), ([5, 1], 6)):
-        features = rng.standard_normal((batch, rows, n_h)).astype(np.float32)
-        embeds = rng.standard_normal((batch, bk, cfg.hidden_size)).astype(np.float32)
-        ctx_pos = committed[:, None] + np.arange(rows)[None]
-        blk_pos = committed[:, None] + np.array(ctx_lens)[:, None] + np.arange(bk)[None]
-        hidden, cache = apply(jnp.asarray(features), jnp.asarray(ctx_pos, jnp.int32),
-                              jnp.asarray(ctx_lens, jnp.int32), jnp.asarray(embeds),
-                              jnp.asarray(blk_pos, jnp.int32), cache)
-        for b in range(batch):
-            n = ctx_lens[b]
-            seen = np.arange(committed[b] + n)                 # every context position
-            masks = [_specforge_mask(w, causal, seen, bk) for w, causal in views]
-            ref_hidden, torch_caches[b] = torch_draft_forward(
-                sd, cfg, _t(features[b, :n]), ctx_pos[b, :n], _t(embeds[b]), blk_pos[b],
-                torch_caches[b], layer_masks=masks)
-            assert rel_err(hidden[b], ref_hidden.numpy()) < RTOL, (ctx_lens, b)
-        committed += np.array(ctx_lens)
+    cache = dflash.new_draft_cache(SLIDING, 2, 64, jnp.float32)
+
+    def masks(committed, n):                        # every context position seen so far
+        seen = np.arange(committed + n)
+        return [_specforge_mask(w, causal, seen, SLIDING.block_size) for w, causal in views]
+
+    rounds = (([7, 4], 7), ([2, 3], 7), ([5, 1], 6))
+    for _ in draft_rounds_vs_torch(apply, sd, SLIDING, cache, rounds,
+                                   np.random.default_rng(0), masks):
+        pass
 
 
 def _decode(method_window, prompts, capacity=None, max_new=12):
@@ -117,10 +102,10 @@ def _decode(method_window, prompts, capacity=None, max_new=12):
 
 def test_window_that_holds_the_context_equals_full_and_a_small_one_is_lossless():
     rng = np.random.default_rng(2)
-    prompts = [rng.integers(0, 63, n).tolist() for n in (21, 9, 30)]
-    full, _ = _decode(None, prompts, capacity=256)
-    held, _ = _decode(64, prompts, capacity=256)           # 30 + 12 < 64; span 71 < 320
+    prompts = [rng.integers(0, 63, n).tolist() for n in (21, 30)]
+    full, _ = _decode(None, prompts, capacity=256, max_new=10)
+    held, _ = _decode(48, prompts, capacity=256, max_new=10)   # 30 + 10 < 48; span 55 < 320
     assert held.tokens == full.tokens
     np.testing.assert_array_equal(held.accept_hist, full.accept_hist)
-    small, (target, params) = _decode(3, prompts)
-    assert small.tokens == reference_greedy(target, params, prompts, 12)
+    small, (target, params) = _decode(3, prompts, max_new=10)
+    assert small.tokens == reference_greedy(target, params, prompts, 10)

@@ -263,19 +263,19 @@ def _random_draft(cfg: DraftConfig, w2_scale: float = 1.0):
     return params, sd
 
 
-def test_backbone_with_populated_cache_matches_torch():
-    """Two successive forwards, ragged context per row; hidden states and cache contents."""
-    cfg = SMALL
-    params, sd = _random_draft(SMALL)
-    backbone = dflash.DFlashBackbone(cfg, dtype=jnp.float32, param_dtype=jnp.float32)
-    apply = jax.jit(lambda *a: backbone.apply({"params": params["backbone"]}, *a))
-    rng = np.random.default_rng(0)
-    batch, n_h, bk = 2, cfg.num_taps * cfg.hidden_size, cfg.block_size
-    cache = dflash.new_draft_cache(cfg, batch, 24, jnp.float32)
-    torch_caches = [[(torch.zeros(0, cfg.num_kv_heads, cfg.head_dim, dtype=torch.float64),) * 2
-                     for _ in range(cfg.num_layers)] for _ in range(batch)]
+def draft_rounds_vs_torch(apply, sd, cfg: DraftConfig, cache, rounds, rng, layer_masks=None):
+    """Successive backbone forwards ``apply(features, ctx_pos, ctx_lens, embeds, blk_pos,
+    cache)`` over random inputs, one per ``(ctx_lens, rows)`` of ``rounds`` (ragged: rows
+    past ``ctx_lens[b]`` are padding), each row's draft hidden asserted equal to
+    :func:`torch_draft_forward`. ``layer_masks(committed_b, n)``: the reference's per-layer
+    masks for a row with ``committed_b`` earlier and ``n`` new context rows. Yields
+    ``(cache, torch_caches, committed)`` after each round."""
+    batch = cache.batch
+    n_h, bk = cfg.num_taps * cfg.hidden_size, cfg.block_size
+    empty = torch.zeros(0, cfg.num_kv_heads, cfg.head_dim, dtype=torch.float64)
+    torch_caches = [[(empty, empty)] * cfg.num_layers for _ in range(batch)]
     committed = np.zeros(batch, np.int64)
-    for ctx_lens, rows in (([7, 4], 7), ([2, 3], 7)):       # padded rows beyond ctx_lens
+    for ctx_lens, rows in rounds:
         features = rng.standard_normal((batch, rows, n_h)).astype(np.float32)
         embeds = rng.standard_normal((batch, bk, cfg.hidden_size)).astype(np.float32)
         ctx_pos = committed[:, None] + np.arange(rows)[None]
@@ -285,13 +285,27 @@ def test_backbone_with_populated_cache_matches_torch():
                               jnp.asarray(blk_pos, jnp.int32), cache)
         for b in range(batch):
             n = ctx_lens[b]
+            masks = None if layer_masks is None else layer_masks(committed[b], n)
             ref_hidden, torch_caches[b] = torch_draft_forward(
                 sd, cfg, _t(features[b, :n]), ctx_pos[b, :n], _t(embeds[b]), blk_pos[b],
-                torch_caches[b])
-            assert rel_err(hidden[b], ref_hidden.numpy()) < RTOL
+                torch_caches[b], layer_masks=masks)
+            assert rel_err(hidden[b], ref_hidden.numpy()) < RTOL, (ctx_lens, b)
         committed += np.array(ctx_lens)
+        yield cache, torch_caches, committed
+
+
+def test_backbone_with_populated_cache_matches_torch():
+    """Two successive forwards, ragged context per row; hidden states and cache contents."""
+    cfg = SMALL
+    params, sd = _random_draft(SMALL)
+    backbone = dflash.DFlashBackbone(cfg, dtype=jnp.float32, param_dtype=jnp.float32)
+    apply = jax.jit(lambda *a: backbone.apply({"params": params["backbone"]}, *a))
+    cache = dflash.new_draft_cache(cfg, 2, 24, jnp.float32)
+    rounds = (([7, 4], 7), ([2, 3], 7))                      # padded rows beyond ctx_lens
+    for cache, torch_caches, committed in draft_rounds_vs_torch(
+            apply, sd, cfg, cache, rounds, np.random.default_rng(0)):
         assert cache.lengths.tolist() == committed.tolist()
-        for b in range(batch):                               # cache holds exactly the context
+        for b in range(cache.batch):                         # cache holds exactly the context
             for layer in range(cfg.num_layers):
                 k_ref, v_ref = torch_caches[b][layer]
                 assert k_ref.shape[0] == committed[b]
