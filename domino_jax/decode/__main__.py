@@ -18,6 +18,7 @@ import logging
 import os
 import sys
 
+from domino_jax.console import add_verbose_flag, setup_logging, step
 from domino_jax.pallas import (ATTENTION_IMPLEMENTATIONS, DEFAULT_PREFILL_CHUNK,
                                PREFILL_ATTENTION_IMPLEMENTATIONS)
 
@@ -94,13 +95,18 @@ def build_parser() -> argparse.ArgumentParser:
                    "outputs are identical (on by default for the embedded demo)")
     p.add_argument("--no-compare-ar", dest="compare_ar", action="store_false")
     p.add_argument("--stream-rounds", type=int, default=8,
-                   help="stream committed tokens every N rounds (batch 1; 0 = no streaming)")
+                   help="stream committed tokens every N rounds (batch 1; a progress bar for "
+                        "batches; 0 = neither)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (outputs, per-method stats) on stdout instead "
+                        "of the text and the summary table")
+    add_verbose_flag(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    setup_logging(args.verbose)       # before jax picks a backend, transformers loads
     try:
         return _run(args)
     except (ValueError, FileNotFoundError, OSError) as e:
@@ -115,8 +121,9 @@ def _run(args) -> int:
     from domino_jax.decode.loading import (default_models, encode_prompt, load_pair,
                                            load_tokenizer, stop_token_ids)
     from domino_jax.decode.prefill import PrefillConfig
+    from domino_jax.decode.report import decode_and_report
     from domino_jax.decode.sampling import SamplingConfig
-    from domino_jax.decode.speculative import METHODS, DecodeConfig, generate
+    from domino_jax.decode.speculative import METHODS, DecodeConfig
 
     target_dir, draft_dir = default_models(args.target, args.draft)
     if args.compare_ar is None:
@@ -138,9 +145,12 @@ def _run(args) -> int:
                              "drafter method, not 'ar'")
         drafter_options["context_window"] = args.draft_window
     prefill = PrefillConfig(chunk=args.prefill_chunk, attention=args.prefill_attention)
-    target, target_params, drafter, draft_params = load_pair(
-        target_dir, draft_dir if method != "ar" else None, method, dtype,
-        head_input_table=args.head_input_table, attention=args.attention, **drafter_options)
+    with step("loading target", target_dir, *(["+ drafter", draft_dir] if method != "ar"
+                                               else [])):
+        target, target_params, drafter, draft_params = load_pair(
+            target_dir, draft_dir if method != "ar" else None, method, dtype,
+            head_input_table=args.head_input_table, attention=args.attention,
+            **drafter_options)
     tokenizer = load_tokenizer(target_dir)
 
     texts = list(args.prompt or [])
@@ -161,57 +171,10 @@ def _run(args) -> int:
           f"method={method} T={args.temperature} backend={jax.default_backend()}",
           file=sys.stderr)
 
-    streamer = _Streamer(tokenizer) if len(prompts) == 1 and args.stream_rounds > 0 else None
-    result = generate(target, target_params, prompts, config, drafter, draft_params,
-                      seed=args.seed, chunk_rounds=args.stream_rounds or None,
-                      on_chunk=streamer)
-    if streamer is not None:
-        streamer.finish(result.tokens)
-    else:
-        for text, toks in zip(texts, result.tokens):
-            print(f"### {text}\n{tokenizer.decode(toks, skip_special_tokens=True)}\n")
-    print(summary_line(method, result), file=sys.stderr)
-    if args.compare_ar and method != "ar":
-        ar_config = DecodeConfig(method="ar", max_new_tokens=args.max_new_tokens,
-                                 sampling=config.sampling, stop_token_ids=stop_ids,
-                                 prefill=prefill)
-        ar = generate(target, target_params, prompts, ar_config, seed=args.seed)
-        ar = generate(target, target_params, prompts, ar_config, seed=args.seed)  # warm timing
-        result = generate(target, target_params, prompts, config, drafter, draft_params,
-                          seed=args.seed)
-        print(summary_line("ar", ar), file=sys.stderr)
-        speedup = result.tokens_per_second / max(ar.tokens_per_second, 1e-9)
-        same = result.tokens == ar.tokens
-        print(f"[compare-ar] speedup {speedup:.2f}x over AR (tau {result.tau:.2f}); outputs "
-              f"{'IDENTICAL' if same else 'DIFFERENT'}"
-              + ("" if args.temperature == 0 else " (expected at T > 0: different samples)"),
-              file=sys.stderr)
+    decode_and_report(target, target_params, drafter, draft_params, prompts, texts, tokenizer,
+                      config, seed=args.seed, compare_ar=args.compare_ar,
+                      stream_rounds=args.stream_rounds, as_json=args.json)
     return 0
-
-
-def summary_line(method: str, result) -> str:
-    return (f"[{method}] {result.new_tokens} new tokens in {result.rounds.sum()} rounds, "
-            f"tau {result.tau:.2f} (verify width {result.verify_width}), prefill "
-            f"{result.prefill_seconds * 1e3:.1f} ms, decode {result.decode_seconds * 1e3:.1f} ms, "
-            f"{result.tokens_per_second:.1f} tok/s (compile {result.compile_seconds:.1f} s)")
-
-
-class _Streamer:
-    """Prints the decoded text of the committed tokens as chunks arrive (batch 1)."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer, self.printed = tokenizer, ""
-
-    def __call__(self, tokens: list[list[int]]):
-        text = self.tokenizer.decode(tokens[0], skip_special_tokens=True)
-        if text.startswith(self.printed):
-            sys.stdout.write(text[len(self.printed):])
-            sys.stdout.flush()
-            self.printed = text
-
-    def finish(self, tokens: list[list[int]]):
-        self(tokens)
-        sys.stdout.write("\n")
 
 
 if __name__ == "__main__":

@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import logging
 import sys
 from typing import Sequence
 
+from domino_jax.console import add_verbose_flag, setup_logging
 from domino_jax.train.config import (DRAFTERS, INIT_FROM_TARGET, LABEL_MODES,
                                      POSITION_WEIGHTS, TrainConfig)
 
@@ -82,6 +82,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="learn a mask_embedding instead of the target's mask row (domino_jax "
                         "only: the reference inference code ignores it; export warns)")
     p.add_argument("--no-progress", action="store_true")
+    add_verbose_flag(p)
     return p.parse_args(argv)
 
 
@@ -104,7 +105,7 @@ def with_recipe_options(cfg: TrainConfig, args: argparse.Namespace) -> TrainConf
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    setup_logging(args.verbose, fmt="%(asctime)s %(message)s")
     data, fsdp, tensor = (int(x) for x in args.mesh.split(","))
     cfg = TrainConfig(drafter=args.drafter, steps=args.steps, batch_size=args.batch_size,
                       micro_batches=args.micro_batches, max_length=args.max_length,

@@ -43,6 +43,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from domino_jax.console import add_verbose_flag, setup_logging
 from domino_jax.train import corpus_chat, corpus_code, corpus_math, corpus_text
 from domino_jax.train.corpus_dedup import (BenchmarkFilter, NearDuplicateIndex, iter_jsonl,
                                            prompt_id)
@@ -422,8 +423,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--self-instruct-batch", type=int, default=256)
     parser.add_argument("--self-instruct-max-new-tokens", type=int, default=96)
     parser.add_argument("--dtype", default="bfloat16", help="target dtype for --self-instruct")
+    add_verbose_flag(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    setup_logging(args.verbose, fmt="%(asctime)s %(message)s")
     if args.num_prompts < 1:
         parser.error(f"--num-prompts must be >= 1, got {args.num_prompts}")
     if not 0.0 <= args.eval_fraction < 1.0:

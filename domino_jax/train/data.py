@@ -35,6 +35,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from domino_jax.console import add_verbose_flag, setup_logging
 from domino_jax.decode.loading import encode_prompt as chat_ids  # noqa: F401 (public name)
 from domino_jax.decode.loading import stop_token_ids as stop_ids_of  # noqa: F401
 from domino_jax.train.shard_store import ShardDataset
@@ -327,8 +328,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--eval-fraction", type=float, default=0.05)
     parser.add_argument("--max-prompt-len", type=int, default=256)
     parser.add_argument("--dtype", default="bfloat16")
+    add_verbose_flag(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    setup_logging(args.verbose, fmt="%(asctime)s %(message)s")
 
     import jax.numpy as jnp
 

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from domino_jax.config import DraftConfig
+from domino_jax.console import train_postfix
 from domino_jax.models.qwen3 import TargetLM
 from domino_jax.train import data as data_lib
 from domino_jax.train.config import TrainConfig, make_draft_config, resolve_mask_token_id
@@ -140,6 +141,7 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
     if target is None:
         from converters.hf_target import load_target
 
+        log.info("loading the target %s (%s)", target_dir, compute.name)
         target_config, target_params = load_target(target_dir, compute)
         target = TargetLM(target_config, dtype=compute, param_dtype=compute)
     else:
@@ -184,9 +186,12 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
     cache_key = (cfg, config, target, tuple(d.id for d in mesh.devices.flat),
                  str(jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), target_params)))
     if cache_key not in _COMPILED:      # same run settings in one process: compile once
+        log.info("compiling the %s train step (batch %d x %d tokens) ...", cfg.drafter,
+                 cfg.batch_size, cfg.max_length)
         step_fn = make_train_step(cfg, config, target, mesh, s_shard, t_shard)
         _COMPILED[cache_key] = compile_step(step_fn, state, shard_batch(first, mesh),
                                             target_params)
+        log.info("compiled the train step in %.1f s", time.perf_counter() - t0)
     step_fn, flops_xla = _COMPILED[cache_key]
     compile_seconds = time.perf_counter() - t0
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress,
@@ -212,10 +217,7 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
             history.append(m)
             metrics_file.write(json.dumps(m) + "\n")
             metrics_file.flush()
-            acc = m["acc"]
-            bar.set_postfix(loss=f"{m['loss']:.3f}", acc=f"{m['acc_mean']:.3f}",
-                            acc1=acc[1] if len(acc) > 1 else None, lam=f"{m['lambda']:.2f}",
-                            tok_s=f"{m['tokens_per_second']:.0f}")
+            bar.set_postfix(train_postfix(m))
             window_t, window_tokens, window_steps = time.perf_counter(), 0.0, 0
         if step % cfg.checkpoint_every == 0 or last:
             save_checkpoint(manager, state)

@@ -40,6 +40,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from domino_jax.console import add_verbose_flag, setup_logging
 from domino_jax.decode.sampling import SamplingConfig
 from domino_jax.decode.speculative import DecodeConfig, generate, prompt_bucket
 from domino_jax.train.shard_store import (META_KEYS, ShardDataset, ShardError, ShardWriter,
@@ -373,6 +374,8 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="counts per mode and kind")
     i.add_argument("shards", help="shards directory")
     i.add_argument("--verify", action="store_true", help="check every file's sha256")
+    for command in (g, m, i):
+        add_verbose_flag(command)
     return p
 
 
@@ -428,7 +431,7 @@ def _info(args) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    setup_logging(args.verbose, fmt="%(asctime)s %(levelname)s %(message)s")
     try:
         if args.command == "generate":
             result = _generate(args)

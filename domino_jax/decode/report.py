@@ -1,0 +1,171 @@
+"""The decode CLI's run and report: compile lines, generation progress, the summary table and
+the ``--json`` record.
+
+    record = decode_and_report(target, target_params, drafter, draft_params, prompts, texts,
+                               tokenizer, config, compare_ar=True)
+
+On stderr (human mode): one line per compiled method (``compiling domino (prefill + round
+loop, batch 1, prompt 64) ... 9.2 s``), then the text streams on stdout (batch 1) or a tqdm
+bar counts tokens (batch > 1), then a table::
+
+    method  tokens  rounds   tau  tok/s  speedup  output
+    domino      32      28  1.11    1.5    0.58x  identical to AR
+    ar          32      31  1.00    2.5    1.00x  reference
+
+With ``as_json`` nothing but one JSON object goes to stdout (:func:`decode_and_report`'s
+return value: the outputs and :func:`method_stats` per method); the compile lines stay on
+stderr.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from typing import Any, Sequence
+
+from domino_jax.console import step
+
+
+def method_stats(method: str, result, ar=None) -> dict[str, Any]:
+    """One method's numbers (JSON-ready) from a ``GenerateResult``; with ``ar`` (the AR
+    result on the same prompts) also ``speedup_over_ar`` (decode tokens/s ratio) and
+    ``identical_to_ar`` (every row token for token)."""
+    stats = dict(method=method, new_tokens=result.new_tokens, rounds=int(result.rounds.sum()),
+                 tau=round(result.tau, 4), verify_width=int(result.verify_width),
+                 tokens_per_second=round(result.tokens_per_second, 2),
+                 prefill_seconds=round(result.prefill_seconds, 4),
+                 decode_seconds=round(result.decode_seconds, 4))
+    if ar is not None:
+        stats["speedup_over_ar"] = round(result.tokens_per_second
+                                         / max(ar.tokens_per_second, 1e-9), 3)
+        stats["identical_to_ar"] = result.tokens == ar.tokens
+    return stats
+
+
+def summary_table(rows: Sequence[dict], temperature: float = 0.0) -> str:
+    """The human summary of :func:`method_stats` rows (the AR row, if any, last)."""
+    compared = any("speedup_over_ar" in r for r in rows)
+    head = ["method", "tokens", "rounds", "tau", "tok/s"] + (["speedup", "output"] if compared
+                                                              else [])
+    lines = [head]
+    for r in rows:
+        line = [r["method"], str(r["new_tokens"]), str(r["rounds"]), f"{r['tau']:.2f}",
+                f"{r['tokens_per_second']:.1f}"]
+        if compared:
+            if "speedup_over_ar" in r:
+                same = r["identical_to_ar"]
+                line += [f"{r['speedup_over_ar']:.2f}x",
+                         "identical to AR" if same else
+                         "differs from AR" + ("" if temperature == 0 else
+                                              " (expected at T > 0)")]
+            else:
+                line += ["1.00x" if r["method"] == "ar" else "-", "reference"
+                         if r["method"] == "ar" else "-"]
+        lines.append(line)
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    left = {0, len(head) - 1} if compared else {0}       # text columns; numbers right
+    fmt = lambda line: "  ".join(c.ljust(w) if i in left else c.rjust(w)
+                                 for i, (c, w) in enumerate(zip(line, widths))).rstrip()
+    return "\n".join(fmt(line) for line in lines)
+
+
+def compile_methods(target, target_params, prompts, runs, seed: int = 0) -> None:
+    """Compile every ``(name, config, drafter, draft_params)`` run, one stderr line each
+    with its compile time (``cached`` when this process compiled it already)."""
+    from domino_jax.decode.speculative import pad_prompts, precompile
+
+    shape = pad_prompts(prompts)[0].shape
+    for name, config, drafter, draft_params in runs:
+        with step(f"compiling {name}", f"(prefill + round loop, batch {shape[0]}, prompt "
+                  f"{shape[1]})") as note:
+            if precompile(target, target_params, prompts, config, drafter, draft_params,
+                          seed=seed) == 0.0:
+                note("cached")
+
+
+class Streamer:
+    """``on_chunk`` for batch 1: prints the decoded text of the committed tokens as chunks
+    arrive."""
+
+    def __init__(self, tokenizer, stream=None):
+        self.tokenizer, self.printed, self.stream = tokenizer, "", stream or sys.stdout
+
+    def __call__(self, tokens: list[list[int]]):
+        text = self.tokenizer.decode(tokens[0], skip_special_tokens=True)
+        if text.startswith(self.printed):
+            self.stream.write(text[len(self.printed):])
+            self.stream.flush()
+            self.printed = text
+
+    def finish(self, tokens: list[list[int]]):
+        self(tokens)
+        self.stream.write("\n")
+
+
+class TokenBar:
+    """``on_chunk`` for batches: a tqdm bar (stderr) of tokens generated over all rows."""
+
+    def __init__(self, rows: int, max_new_tokens: int, desc: str):
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=rows * max_new_tokens, unit="tok", desc=desc, leave=False,
+                        dynamic_ncols=True)
+
+    def __call__(self, tokens: list[list[int]]):
+        self.bar.update(sum(map(len, tokens)) - self.bar.n)
+
+    def finish(self, tokens: list[list[int]]):
+        self.bar.close()
+
+
+def decode_and_report(target, target_params, drafter, draft_params, prompts: Sequence,
+                      texts: Sequence[str], tokenizer, config, seed: int = 0,
+                      compare_ar: bool = False, stream_rounds: int = 8,
+                      as_json: bool = False, out=None, err=None) -> dict[str, Any]:
+    """Compile, generate (streaming/progress), optionally time AR, print and return the
+    record ``{"outputs": [{"prompt", "text", "tokens"}], "methods": [method_stats...],
+    "config": ...}``.
+
+    With ``compare_ar`` (and a method other than AR): AR runs on the same prompts with the
+    same sampling, then the method once more without streaming, so both timings are of
+    warm, unstreamed loops. ``stream_rounds`` = rounds per progress chunk (0 = none).
+    """
+    from domino_jax.decode.speculative import generate
+
+    out, err = out or sys.stdout, err or sys.stderr
+    method = config.method
+    ar_config = dataclasses.replace(config, method="ar")
+    runs = [(method, config, drafter, draft_params)]
+    compare = compare_ar and method != "ar"
+    if compare:
+        runs.append(("ar", ar_config, None, None))
+    compile_methods(target, target_params, prompts, runs, seed)
+
+    progress = None
+    if stream_rounds > 0:
+        progress = (Streamer(tokenizer, out) if len(prompts) == 1 and not as_json else
+                    TokenBar(len(prompts), config.max_new_tokens, method))
+    result = generate(target, target_params, prompts, config, drafter, draft_params,
+                      seed=seed, chunk_rounds=stream_rounds or None, on_chunk=progress)
+    if progress is not None:
+        progress.finish(result.tokens)
+    outputs = [dict(prompt=text, text=tokenizer.decode(toks, skip_special_tokens=True),
+                    tokens=list(map(int, toks))) for text, toks in zip(texts, result.tokens)]
+    if not as_json and not isinstance(progress, Streamer):
+        for o in outputs:
+            print(f"### {o['prompt']}\n{o['text']}\n", file=out)
+    rows = [method_stats(method, result)]
+    if compare:
+        with step("timing", method, "and ar without streaming", stream=err):
+            ar = generate(target, target_params, prompts, ar_config, seed=seed)
+            result = generate(target, target_params, prompts, config, drafter, draft_params,
+                              seed=seed)
+        rows = [method_stats(method, result, ar), method_stats("ar", ar)]
+    record = dict(outputs=outputs, methods=rows,
+                  config=json.loads(json.dumps(dataclasses.asdict(config), default=str)))
+    if as_json:
+        print(json.dumps(record), file=out)
+    else:
+        print(summary_table(rows, config.sampling.temperature), file=err)
+    return record
