@@ -70,7 +70,7 @@ def summary_table(rows: Sequence[dict], temperature: float = 0.0) -> str:
     return "\n".join(fmt(line) for line in lines)
 
 
-def compile_methods(target, target_params, prompts, runs, seed: int = 0) -> None:
+def compile_methods(target, target_params, prompts, runs, seed: int = 0, err=None) -> None:
     """Compile every ``(name, config, drafter, draft_params)`` run, one stderr line each
     with its compile time (``cached`` when this process compiled it already)."""
     from domino_jax.decode.speculative import pad_prompts, precompile
@@ -78,7 +78,7 @@ def compile_methods(target, target_params, prompts, runs, seed: int = 0) -> None
     shape = pad_prompts(prompts)[0].shape
     for name, config, drafter, draft_params in runs:
         with step(f"compiling {name}", f"(prefill + round loop, batch {shape[0]}, prompt "
-                  f"{shape[1]})") as note:
+                  f"{shape[1]})", stream=err) as note:
             if precompile(target, target_params, prompts, config, drafter, draft_params,
                           seed=seed) == 0.0:
                 note("cached")
@@ -123,7 +123,8 @@ def decode_and_report(target, target_params, drafter, draft_params, prompts: Seq
                       texts: Sequence[str], tokenizer, config, seed: int = 0,
                       compare_ar: bool = False, stream_rounds: int = 8,
                       as_json: bool = False, out=None, err=None) -> dict[str, Any]:
-    """Compile, generate (streaming/progress), optionally time AR, print and return the
+    """Compile, generate (streaming / progress bar), optionally compile and time AR, print
+    and return the
     record ``{"outputs": [{"prompt", "text", "tokens"}], "methods": [method_stats...],
     "config": ...}``.
 
@@ -136,11 +137,9 @@ def decode_and_report(target, target_params, drafter, draft_params, prompts: Seq
     out, err = out or sys.stdout, err or sys.stderr
     method = config.method
     ar_config = dataclasses.replace(config, method="ar")
-    runs = [(method, config, drafter, draft_params)]
     compare = compare_ar and method != "ar"
-    if compare:
-        runs.append(("ar", ar_config, None, None))
-    compile_methods(target, target_params, prompts, runs, seed)
+    compile_methods(target, target_params, prompts, [(method, config, drafter, draft_params)],
+                    seed, err)
 
     progress = None
     if stream_rounds > 0:
@@ -156,8 +155,10 @@ def decode_and_report(target, target_params, drafter, draft_params, prompts: Seq
         for o in outputs:
             print(f"### {o['prompt']}\n{o['text']}\n", file=out)
     rows = [method_stats(method, result)]
-    if compare:
-        with step("timing", method, "and ar without streaming", stream=err):
+    if compare:                       # AR compiles after the text is out: it shows sooner
+        compile_methods(target, target_params, prompts, [("ar", ar_config, None, None)], seed,
+                        err)
+        with step("timing", method, "against ar (warm, unstreamed)", stream=err):
             ar = generate(target, target_params, prompts, ar_config, seed=seed)
             result = generate(target, target_params, prompts, config, drafter, draft_params,
                               seed=seed)
