@@ -60,7 +60,7 @@ def tiny_pair(tmp_path_factory):
     return str(target), os.path.join(FIX, "draft")
 
 
-def _run_cli(args, timeout=240):
+def _run_cli(args, timeout=600):
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "CI")}
     env.update(PYTHONPATH=ROOT, TRANSFORMERS_NO_ADVISORY_WARNINGS="")
     return subprocess.run([sys.executable, "-c", NO_TORCH_RUNNER, *args], env=env,
