@@ -3,13 +3,15 @@
     python benchmarks/bench_selfdistill.py --num-prompts 64 --batch-size 32 \\
         --max-new-tokens 64 --dtypes float32,bfloat16 --out benchmarks/results
 
-Per dtype, two runs of ``python -m domino_jax.train.shards generate`` (in process, each into
-a fresh shards directory): ``cold`` (compiles the programs) and ``warm`` (the same prompts
-again, programs cached: the steady-state rate a long run approaches). Prompts: ``--corpus``
-records, else the first ``--num-prompts`` of ``domino_jax.train.data.build_prompts`` written
-as corpus records. Reports response tokens/s over the wall time and over the device
-(generate) time, compile seconds, and the machine's load average (shared CPUs make every
-number a lower bound). Writes ``selfdistill_<device>_<date>.md`` and ``.json`` to ``--out``.
+Per dtype, runs of ``python -m domino_jax.train.shards generate`` (in process, each into a
+fresh shards directory): ``cold`` (compiles the programs) and ``warm`` (the same prompts
+again, programs cached: the steady-state rate a long run approaches); ``--phases`` picks.
+Prompts: ``--corpus`` records, else the first ``--num-prompts`` of
+``domino_jax.train.data.build_prompts`` written as corpus records. Reports response tokens/s
+over the wall time and over the device (generate) time, compile seconds, CPU seconds and
+the machine's load average (shared CPUs make every number a lower bound). Writes
+``selfdistill_<device>_<date>.md`` and ``.json`` to ``--out`` (rewritten after every run, so
+a run cut short keeps what it measured).
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ def main() -> None:
     p.add_argument("--modes", default="greedy,sampled")
     p.add_argument("--widths", default="64,128,256,512")
     p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--phases", default="cold,warm", choices=("cold", "cold,warm"),
+                   help="cold: compiles; warm: again with the programs cached")
     p.add_argument("--target", default=None)
     p.add_argument("--git-commit", default=None)
     p.add_argument("--out", default="benchmarks/results")
@@ -65,9 +69,16 @@ def main() -> None:
     corpus = args.corpus or corpus_from_build_prompts(args.num_prompts,
                                                       os.path.join(work, "corpus.jsonl"))
     device = jax.default_backend()
-    rows, commands = [], []
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M%S")
+    meta = {"date": stamp, "commit": git_commit(args.git_commit), "device": device,
+            "devices": [str(d) for d in jax.devices()], "cpu_count": os.cpu_count(),
+            "platform": platform.platform(), "python": platform.python_version(),
+            "versions": versions(), "args": vars(args), "commands": []}
+    os.makedirs(args.out, exist_ok=True)
+    base = os.path.join(args.out, f"selfdistill_{device}_{stamp}")
+    rows = []
     for dtype in args.dtypes.split(","):
-        for phase in ("cold", "warm"):
+        for phase in args.phases.split(","):
             argv = ["generate", "--corpus", corpus, "--out", os.path.join(work, f"{dtype}_{phase}"),
                     "--modes", args.modes, "--max-new-tokens", str(args.max_new_tokens),
                     "--batch-size", str(args.batch_size), "--limit", str(args.num_prompts),
@@ -81,19 +92,12 @@ def main() -> None:
                            load_after=round(os.getloadavg()[0], 2), cpu_seconds=round(cpu, 1),
                            tokens_per_cpu_second=round(summary["response_tokens"] / cpu, 1))
             rows.append(summary)
-            commands.append("python -m domino_jax.train.shards " + " ".join(argv))
+            meta["commands"].append("python -m domino_jax.train.shards " + " ".join(argv))
             print(json.dumps(summary), flush=True)
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M%S")
-    meta = {"date": stamp, "commit": git_commit(args.git_commit), "device": device,
-            "devices": [str(d) for d in jax.devices()], "cpu_count": os.cpu_count(),
-            "platform": platform.platform(), "python": platform.python_version(),
-            "versions": versions(), "args": vars(args), "commands": commands}
-    os.makedirs(args.out, exist_ok=True)
-    base = os.path.join(args.out, f"selfdistill_{device}_{stamp}")
-    with open(base + ".json", "w") as f:
-        json.dump({"meta": meta, "runs": rows}, f, indent=1)
-    with open(base + ".md", "w") as f:
-        f.write(report(meta, rows))
+            with open(base + ".json", "w") as f:          # rewritten after every run
+                json.dump({"meta": meta, "runs": rows}, f, indent=1)
+            with open(base + ".md", "w") as f:
+                f.write(report(meta, rows))
     print(base + ".md")
 
 

@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 MODES = ("greedy", "sampled")
 DEFAULT_WIDTHS = (64, 128, 256, 512)
-SHARD_BYTES = 14 << 20        # flush a shard's tokens before ~14 MiB (16 MiB transfer parts)
+SHARD_BYTES = 14 << 20        # tokens per shard, at most (fits 16 MiB transfer parts)
 
 __all__ = ["MODES", "GenerationSettings", "ShardDataset", "generate_shards", "merge_shards",
            "plan_batches", "read_records", "run_batch"]
@@ -234,8 +234,8 @@ def generate_shards(records: Sequence[dict], out_dir: str, target, target_params
                     shard_bytes: int = SHARD_BYTES, progress: bool = True,
                     on_batch: Callable[[int], None] | None = None) -> dict:
     """Answer every ``(record, mode)`` not yet in ``out_dir`` and write the examples as
-    shards (each at most ``shard_examples`` examples and about ``shard_bytes`` of tokens,
-    written at batch boundaries). ``encode(prompt) -> ids`` is the prompt encoder (the CLI
+    shards of whole batches (each at most ``shard_examples`` examples and ``shard_bytes``
+    of tokens, unless one batch alone is larger). ``encode(prompt) -> ids`` is the prompt encoder (the CLI
     uses the chat template); ``target_info`` is ``{"name", "vocab_size", "fingerprint"}``
     (:func:`target_fingerprint`). ``on_batch(batches_done)`` is called after each batch
     (tests interrupt a run by raising from it). Returns a summary (counts, seconds,
@@ -295,6 +295,10 @@ def generate_shards(records: Sequence[dict], out_dir: str, target, target_params
                                               settings.batch_size, config,
                                               batch_seed(settings.seed, mode,
                                                          [r["id"] for r in batch]))
+                batch_tokens = sum(len(p) + len(r) for p, r in zip(prompts, responses))
+                if len(pending) + len(batch) > shard_examples or \
+                        (pending.tokens + batch_tokens) * writer.dtype.itemsize > shard_bytes:
+                    flush()                                   # shards end at batch boundaries
                 for record, prompt, response in zip(batch, prompts, responses):
                     pending.add(record, mode, prompt, np.asarray(response, np.int32),
                                 bool(response) and response[-1] in stop_ids)
@@ -305,12 +309,14 @@ def generate_shards(records: Sequence[dict], out_dir: str, target, target_params
                 stats["compile_seconds"] += result.compile_seconds
                 stats["device_seconds"] += result.prefill_seconds + result.decode_seconds
                 elapsed = time.perf_counter() - t_start
+                report = log.debug if progress else log.info      # the bar shows it
+                report("batch %d (%s, width %d, %d rows): %d response tokens, %.0f tok/s so far",
+                       stats["batches"], mode, width, len(batch),
+                       sum(len(r) for r in responses),
+                       stats["response_tokens"] / max(elapsed, 1e-9))
                 bar.update(len(batch))
                 bar.set_postfix(mode=mode, width=width,
                                 tok_s=f"{stats['response_tokens'] / max(elapsed, 1e-9):.0f}")
-                if len(pending) >= shard_examples or \
-                        pending.tokens * writer.dtype.itemsize >= shard_bytes:
-                    flush()
                 if on_batch is not None:
                     on_batch(stats["batches"])
         flush()
