@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from typing import Sequence
 
@@ -81,6 +82,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--learned-mask", action="store_true",
                    help="learn a mask_embedding instead of the target's mask row (domino_jax "
                         "only: the reference inference code ignores it; export warns)")
+    p.add_argument("--init-draft", default=None, metavar="DRAFT_DIR",
+                   help="fine-tune: start from this drafter (HF DFlashDraftModel folder, e.g. "
+                        "a released or shipped drafter); its geometry and mask replace "
+                        "--draft-layers/--block-size/--gru-hidden-dim/--emb-dim/--mask-token-id")
     p.add_argument("--no-progress", action="store_true")
     add_verbose_flag(p)
     return p.parse_args(argv)
@@ -97,10 +102,17 @@ def with_recipe_options(cfg: TrainConfig, args: argparse.Namespace) -> TrainConf
         fail(f"--soft-weight applies to --labels mix (got --labels {args.labels})")
     if not 0.0 <= weight <= 1.0:
         fail(f"--soft-weight {weight} must be in [0, 1]")
+    if args.init_draft is not None:
+        if args.init_draft_from_target != "none" or args.learned_mask:
+            fail("--init-draft takes the drafter's weights and mask from its folder: it "
+                 "excludes --init-draft-from-target and --learned-mask")
+        if not os.path.isfile(os.path.join(args.init_draft, "config.json")):
+            fail(f"--init-draft {args.init_draft!r}: no config.json there (expected a drafter "
+                 "folder in the HF DFlashDraftModel format)")
     return dataclasses.replace(cfg, labels=args.labels, soft_weight=weight,
                                position_weights=args.position_weights,
                                init_from_target=args.init_draft_from_target,
-                               learned_mask=args.learned_mask)
+                               learned_mask=args.learned_mask, init_draft=args.init_draft)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -64,6 +64,7 @@ class TrainConfig:
     position_weights: str = "decay"      # "decay" (gamma) | "uniform"
     init_from_target: str = "none"       # "none" (random) | "last" | "spread"
     learned_mask: bool = False           # learn a mask_embedding (not interoperable, §9.15)
+    init_draft: str | None = None        # fine-tune: start from this drafter folder (HF format)
 
     def __post_init__(self):
         if self.drafter not in DRAFTERS:
@@ -75,6 +76,11 @@ class TrainConfig:
                                       INIT_FROM_TARGET)):
             if value not in choices:
                 raise ValueError(f"{name}={value!r}; choose one of {choices}")
+        if self.init_draft is not None and (self.init_from_target != "none"
+                                            or self.learned_mask):
+            raise ValueError(f"init_draft={self.init_draft!r} takes the drafter's geometry, "
+                             "weights and mask from that folder: it excludes init_from_target "
+                             "and learned_mask")
         if not 0.0 <= self.soft_weight <= 1.0:
             raise ValueError(f"soft_weight={self.soft_weight} must be in [0, 1]")
         if self.batch_size % self.micro_batches:

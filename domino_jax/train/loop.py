@@ -73,6 +73,28 @@ def load_trained_draft(path: str, dtype=jnp.bfloat16) -> tuple[DraftConfig, dict
     return load_draft(path, dtype)
 
 
+def load_init_draft(path: str, target_config, drafter: str) -> tuple[DraftConfig, dict]:
+    """A drafter to fine-tune (``TrainConfig.init_draft``): its config and float32 params
+    (``{"backbone", ["head"], ["mask_embedding"]}``), checked against the target and the
+    drafter kind being trained; a mismatch names the folder and the field."""
+    config, params = load_trained_draft(path, jnp.float32)
+    is_domino = config.has_domino_head
+    if is_domino != (drafter == "domino"):
+        raise ValueError(f"--init-draft {path!r} is a {'Domino' if is_domino else 'DFlash'} "
+                         f"drafter but --drafter is {drafter!r}")
+    for field, want in (("vocab_size", target_config.vocab_size),
+                        ("hidden_size", target_config.hidden_size),
+                        ("num_target_layers", target_config.num_layers)):
+        if getattr(config, field) != want:
+            raise ValueError(f"--init-draft {path!r}: {field} {getattr(config, field)} does "
+                             f"not fit the target ({want})")
+    if MASK_EMBEDDING in params:
+        log.warning("--init-draft %s carries a learned %s: fine-tuning keeps it (the "
+                    "reference inference code ignores it; see --learned-mask)", path,
+                    MASK_EMBEDDING)
+    return config, jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), params)
+
+
 # ----------------------------------------------------------------------------- checkpoints
 
 def _manager(directory: str, keep: int = 2):
@@ -147,10 +169,14 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
     else:
         target = TargetLM(target.config, dtype=compute, param_dtype=compute)
         target_params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, compute), target_params)
-    if mask_token_id is None:           # a row of the target's own vocabulary (§9.15)
+    if mask_token_id is None and cfg.init_draft is None:   # a row of the target's vocabulary
         mask_token_id = resolve_mask_token_id(target.config, target_dir)
-    config = make_draft_config(target.config, cfg.drafter, draft_layers, block_size,
-                               gru_hidden_dim, emb_dim, mask_token_id)
+    if cfg.init_draft is not None:      # fine-tune: geometry, weights and mask from there
+        config, init_params = load_init_draft(cfg.init_draft, target.config, cfg.drafter)
+        block_size = config.block_size
+    else:
+        config = make_draft_config(target.config, cfg.drafter, draft_layers, block_size,
+                                   gru_hidden_dim, emb_dim, mask_token_id)
     if examples is None:
         examples = data_lib.load_dataset(data_path)
     examples = data_lib.filter_examples(examples, 2 * block_size, cfg.max_length)
@@ -162,8 +188,11 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
         json.dump({"train": dataclasses.asdict(cfg), "draft": config.to_hf_dict(),
                    "examples": len(examples)}, f, indent=2)
 
-    params = init_draft_params(config, jax.random.PRNGKey(cfg.seed), cfg.learned_mask,
-                               target_params, cfg.init_from_target)
+    if cfg.init_draft is not None:
+        params = init_params
+    else:
+        params = init_draft_params(config, jax.random.PRNGKey(cfg.seed), cfg.learned_mask,
+                                   target_params, cfg.init_from_target)
     mesh = make_train_mesh(cfg)
     state, target_params, s_shard, t_shard = place(cfg, mesh, init_state(cfg, params),
                                                    target_params, target.config)

@@ -1,0 +1,84 @@
+"""Fine-tuning an existing drafter (``TrainConfig.init_draft`` / ``--init-draft DIR``):
+geometry, weights and mask come from the folder; mismatches are clear errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from domino_jax.models.qwen3 import TargetLM, init_params
+from domino_jax.train.config import TrainConfig, make_draft_config
+from tests.test_train import SMALL, TARGET, synthetic_examples
+
+
+@pytest.fixture(scope="module")
+def target_params():
+    return init_params(TARGET, jax.random.PRNGKey(0))
+
+
+@pytest.fixture(scope="module")
+def exported(target_params, tmp_path_factory):
+    """A Domino drafter (1 layer, block 4) exported in the HF format."""
+    from domino_jax.train.loop import export_trained_draft
+    from domino_jax.train.loss import init_draft_params
+
+    config = make_draft_config(TARGET, "domino", 1, 4, 16, 8, mask_token_id=3)
+    params = init_draft_params(config, jax.random.PRNGKey(7), False, target_params)
+    path = str(tmp_path_factory.mktemp("init_draft"))
+    export_trained_draft(config, params, path)
+    return path
+
+
+def run(cfg, target_params, out, **kw):
+    from domino_jax.train.loop import train
+
+    args = dict(SMALL, draft_layers=2, block_size=8)   # ignored under init_draft
+    return train(cfg, None, None, str(out), examples=synthetic_examples(16),
+                 target=TargetLM(TARGET), target_params=target_params, export=False,
+                 progress=False, **args, **kw)
+
+
+def test_starts_from_the_folder(exported, target_params, tmp_path):
+    from domino_jax.train.loop import load_trained_draft
+
+    cfg = TrainConfig(drafter="domino", steps=1, batch_size=4, max_length=48, num_anchors=8,
+                      lr=0.0, compute_dtype="float32", init_draft=exported)
+    result = run(cfg, target_params, tmp_path)
+    config, loaded = load_trained_draft(exported, jnp.float32)
+    assert result.draft_config == config                # 1 layer, block 4, mask 3: the folder's
+    assert result.draft_config.num_layers == 1 and result.draft_config.block_size == 4
+    assert "mask_embedding" not in result.params
+    jax.tree_util.tree_map(np.testing.assert_array_equal, result.params, loaded)
+
+
+def test_learns_from_the_folder(exported, target_params, tmp_path):
+    cfg = TrainConfig(drafter="domino", steps=6, batch_size=4, max_length=48, num_anchors=8,
+                      lr=3e-2, warmup_ratio=0.0, compute_dtype="float32", log_every=1,
+                      init_draft=exported)
+    result = run(cfg, target_params, tmp_path)
+    losses = [h["loss"] for h in result.history]
+    assert losses[-1] < losses[0], losses
+
+
+def test_mismatches_are_named(exported, target_params, tmp_path):
+    cfg = TrainConfig(drafter="dflash", steps=1, batch_size=4, max_length=48, num_anchors=8,
+                      compute_dtype="float32", init_draft=exported)
+    with pytest.raises(ValueError, match="is a Domino drafter but --drafter is 'dflash'"):
+        run(cfg, target_params, tmp_path)
+    with pytest.raises(ValueError, match="excludes init_from_target and learned_mask"):
+        TrainConfig(init_draft=exported, learned_mask=True)
+
+
+def test_cli_rejects_bad_init_draft(tmp_path):
+    cmd = [sys.executable, "-m", "domino_jax.train", "--data", "x.npz", "--out", str(tmp_path),
+           "--init-draft", str(tmp_path / "missing")]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 2 and "no config.json there" in proc.stderr, proc.stderr
+    proc = subprocess.run(cmd[:-1] + [str(tmp_path), "--learned-mask"], capture_output=True,
+                          text=True)
+    assert proc.returncode == 2 and "excludes --init-draft-from-target" in proc.stderr
