@@ -125,17 +125,23 @@ def report(meta: dict, rows: list[dict]) -> str:
              "Each dtype runs twice into fresh shards directories: `cold` compiles, `warm` "
              "reuses the compiled programs. tok/s counts response tokens (prompt tokens "
              "excluded); `wall` is the whole command (tokenizing, writing shards, compiling), "
-             "`device` is the time inside `generate` (prefill + decode loop).", "",
+             "`device` is the time inside `generate` (prefill + decode loop), `decode loop` "
+             "the decode loop alone. Every batch has `--batch-size` rows padded to its "
+             "width bucket, so a small corpus with a few long prompts pays for mostly-filler "
+             "batches of width 256/512 (prefill dominates on a CPU).", "",
              "The CPUs are shared with other jobs: `CPU s` is this process's CPU time (all "
              "threads; it includes target loading), `tok/CPU-s` the rate per CPU-second, "
              "which contention affects less than the wall-clock rates.", "",
-             "| dtype | run | examples | batches | response tokens | wall s | compile s | "
-             "tok/s (wall) | tok/s (device) | CPU s | tok/CPU-s | load avg before/after |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| dtype | run | examples | batches | prompt / response tokens | wall s | "
+             "compile s | prefill s | decode s | tok/s (wall) | tok/s (device) | "
+             "tok/s (decode loop) | CPU s | tok/CPU-s | load avg before/after |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['dtype']} | {r['phase']} | {r['written']} | {r['batches']} | "
-                     f"{r['response_tokens']} | {r['seconds']:.1f} | {r['compile_seconds']:.1f} "
-                     f"| {r['tokens_per_second']:.0f} | {r['device_tokens_per_second']:.0f} | "
+                     f"{r['prompt_tokens']} / {r['response_tokens']} | {r['seconds']:.1f} | "
+                     f"{r['compile_seconds']:.1f} | {r['prefill_seconds']:.1f} | "
+                     f"{r['decode_seconds']:.1f} | {r['tokens_per_second']:.1f} | "
+                     f"{r['device_tokens_per_second']:.1f} | {r['decode_tokens_per_second']:.1f} | "
                      f"{r['cpu_seconds']:.0f} | {r['tokens_per_cpu_second']:.0f} | "
                      f"{r['load_before']} / {r['load_after']} |")
     lines += ["", "Commands run (in process, via `domino_jax.train.shards.main`):", ""]

@@ -253,7 +253,8 @@ def generate_shards(records: Sequence[dict], out_dir: str, target, target_params
         seen.add(record["id"])
         unique.append(record)
     stats = dict(written=0, already_done=0, skipped_too_long=0, skipped_empty=0, batches=0,
-                 response_tokens=0, prompt_tokens=0, compile_seconds=0.0, device_seconds=0.0)
+                 response_tokens=0, prompt_tokens=0, compile_seconds=0.0, prefill_seconds=0.0,
+                 decode_seconds=0.0)
     t_start = time.perf_counter()
     with ShardWriter(out_dir, target_info) as writer:
         todo = {m: [r for r in unique if (r["id"], m) not in writer.done] for m in modes}
@@ -307,12 +308,14 @@ def generate_shards(records: Sequence[dict], out_dir: str, target, target_params
                 stats["written"] += len(batch)
                 stats["batches"] += 1
                 stats["compile_seconds"] += result.compile_seconds
-                stats["device_seconds"] += result.prefill_seconds + result.decode_seconds
+                stats["prefill_seconds"] += result.prefill_seconds
+                stats["decode_seconds"] += result.decode_seconds
                 elapsed = time.perf_counter() - t_start
                 report = log.debug if progress else log.info      # the bar shows it
-                report("batch %d (%s, width %d, %d rows): %d response tokens, %.0f tok/s so far",
-                       stats["batches"], mode, width, len(batch),
-                       sum(len(r) for r in responses),
+                report("batch %d (%s, width %d, %d rows): %d response tokens; compile %.1f s, "
+                       "prefill %.1f s, decode %.1f s; %.0f tok/s so far", stats["batches"],
+                       mode, width, len(batch), sum(len(r) for r in responses),
+                       result.compile_seconds, result.prefill_seconds, result.decode_seconds,
                        stats["response_tokens"] / max(elapsed, 1e-9))
                 bar.update(len(batch))
                 bar.set_postfix(mode=mode, width=width,
@@ -322,12 +325,15 @@ def generate_shards(records: Sequence[dict], out_dir: str, target, target_params
         flush()
         bar.close()
     seconds = time.perf_counter() - t_start
-    stats.update(seconds=round(seconds, 3),
+    device = stats["prefill_seconds"] + stats["decode_seconds"]
+    stats.update({k: round(stats[k], 3) for k in ("compile_seconds", "prefill_seconds",
+                                                  "decode_seconds")})
+    stats.update(seconds=round(seconds, 3), device_seconds=round(device, 3),
                  tokens_per_second=round(stats["response_tokens"] / max(seconds, 1e-9), 1),
-                 device_tokens_per_second=round(
-                     stats["response_tokens"] / max(stats["device_seconds"], 1e-9), 1),
-                 compile_seconds=round(stats["compile_seconds"], 3),
-                 device_seconds=round(stats["device_seconds"], 3), out=out_dir)
+                 device_tokens_per_second=round(stats["response_tokens"] / max(device, 1e-9), 1),
+                 decode_tokens_per_second=round(
+                     stats["response_tokens"] / max(stats["decode_seconds"], 1e-9), 1),
+                 out=out_dir)
     log.info("self-distillation: %s", json.dumps(stats))
     return stats
 
