@@ -281,8 +281,6 @@ def cut_prompt(tokenizer, instruction: str, text: str, length: int) -> list[int]
 
 
 def tau_run(args) -> list[dict]:
-    import jax
-
     from domino_jax.decode.loading import (default_models, load_tokenizer, make_drafter,
                                            stop_token_ids)
     from domino_jax.decode.speculative import DecodeConfig, generate
@@ -331,8 +329,7 @@ def tau_run(args) -> list[dict]:
                 log(f"tau {length} {name} {m}: tau {result.tau:.2f}, {result.new_tokens} "
                     f"tokens, identical to AR {row['identical_to_ar']}, {wall:.0f}s")
                 rows.append(row)
-                yield_rows(args, "tau", rows, extra=dict(models=models,
-                                                         backend=jax.default_backend()))
+                yield_rows(args, "tau", rows, extra=dict(models=models))
     return rows
 
 
