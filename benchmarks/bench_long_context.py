@@ -58,8 +58,11 @@ def log(msg: str) -> None:
 # ----------------------------------------------------------------------------- models
 
 
-def build_models(shape: str, method: str = "domino", context_window: int | None = None):
-    """``(target, target_params, drafter, draft_params, description)``."""
+def build_models(shape: str, method: str = "domino", context_window: int | None = None,
+                 abstract: bool = False):
+    """``(target, target_params, drafter, draft_params, description)``; ``abstract``: the
+    random-weight shapes' parameters as ``ShapeDtypeStruct`` trees (compile only: nothing
+    allocated, so the Qwen3-8B shape's memory analysis runs on any machine)."""
     import jax
     import jax.numpy as jnp
 
@@ -91,11 +94,16 @@ def build_models(shape: str, method: str = "domino", context_window: int | None 
     tcfg = dataclasses.replace(tcfg, fused_projections=True)
     dcfg = dataclasses.replace(dcfg, fused_projections=True)
     target = qwen3.TargetLM(tcfg)
-    tp = random_params(qwen3.param_shapes(tcfg), 0)
-    head = head_decode_params(random_params(domino_head.head_param_shapes(dcfg), 2),
-                              tp["embed_tokens"]["embedding"])
-    dp = {"backbone": random_params(dflash.param_shapes(dcfg), 1), "head": head}
     drafter = ChainDrafter(dcfg, target, method, context_window=context_window)
+    shapes = (qwen3.param_shapes(tcfg), domino_head.head_param_shapes(dcfg),
+              dflash.param_shapes(dcfg))
+    if abstract:
+        head = jax.eval_shape(head_decode_params, shapes[1], shapes[0]["embed_tokens"]["embedding"])
+        return (target, shapes[0], drafter, {"backbone": shapes[2], "head": head},
+                f"{shape} shapes (compile only)")
+    tp = random_params(shapes[0], 0)
+    head = head_decode_params(random_params(shapes[1], 2), tp["embed_tokens"]["embedding"])
+    dp = {"backbone": random_params(shapes[2], 1), "head": head}
     return target, tp, drafter, dp, f"{shape} random bf16 weights"
 
 
@@ -124,7 +132,8 @@ def prefill_child(args) -> dict:
     from domino_jax.decode.speculative import prompt_bucket, required_capacity
     from domino_jax.kv_cache import align_slots
 
-    target, tp, drafter, dp, models = build_models(args.shape)
+    target, tp, drafter, dp, models = build_models(
+        args.shape, abstract=args.compile_only and args.shape != "demo")
     length, mode = args.length, args.mode
     config = PrefillConfig(**MODES[mode])
     width = prompt_bucket(length)
