@@ -243,3 +243,27 @@ def test_cli_long_prompt_runs_chunked(worded_target, tmp_path, capsys):
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert "[ar] 4 new tokens" in captured.err
+
+
+@pytest.mark.slow
+def test_bench_long_context_smoke(tmp_path):
+    """``benchmarks/bench_long_context.py`` on the tiny shape: prefill memory analysis of
+    both modes (children processes) and the draft timing, reports written, no error rows."""
+    import json
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks",
+                          "bench_long_context.py")
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    for args in (["prefill", "--lengths", "3000", "--modes", "whole,chunked", "--compile-only"],
+                 ["draft", "--contexts", "512", "--windows", "0,64", "--reps", "1"]):
+        subprocess.run([sys.executable, script, *args, "--shape", "tiny", "--out",
+                        str(tmp_path)], check=True, env=env, capture_output=True, timeout=600)
+    rows = {p.name.split("_")[1]: json.loads(p.read_text())["rows"]
+            for p in tmp_path.glob("long_*.json")}
+    assert [r["mode"] for r in rows["prefill"]] == ["whole", "chunked"]
+    assert rows["prefill"][1]["chunks"] == [2, 1536]
+    assert rows["prefill"][1]["temp_bytes"] < rows["prefill"][0]["temp_bytes"]
+    assert [r["window"] for r in rows["draft"]] == [0, 64]
+    assert all("error" not in r for rs in rows.values() for r in rs)
