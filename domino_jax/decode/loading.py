@@ -58,7 +58,7 @@ def load_pair(target_dir: str, draft_dir: str | None, method: str, dtype=jnp.bfl
     """
     from converters.hf_draft import load_draft
     from converters.hf_target import load_target
-    from domino_jax.models.fused_layout import fuse_model, head_decode_params
+    from domino_jax.models.fused_layout import fuse_model
     from domino_jax.pallas import check_attention_implementation
     from domino_jax.models.qwen3 import TargetLM
 
@@ -77,14 +77,29 @@ def load_pair(target_dir: str, draft_dir: str | None, method: str, dtype=jnp.bfl
     target = TargetLM(target_config, dtype=dtype, param_dtype=dtype, attention_impl=attention)
     if draft_dir is not None:
         draft_config, draft_params = load_draft(draft_dir, dtype)
-        if fused:
-            draft_config, draft_params = fuse_model(draft_config, draft_params)
-            if "head" in draft_params and method in ("domino", "dominotree"):
-                draft_params = dict(draft_params, head=head_decode_params(
-                    draft_params["head"], target_params["embed_tokens"]["embedding"],
-                    input_table=head_input_table))
+        draft_config, draft_params = draft_decode_layout(
+            draft_config, draft_params, target_params, method, fused, head_input_table)
         drafter = make_drafter(draft_config, target, method, **drafter_options)
     return target, target_params, drafter, draft_params
+
+
+def draft_decode_layout(draft_config: DraftConfig, draft_params, target_params, method: str,
+                        fused: bool = True, head_input_table: bool = True):
+    """``(draft_config, draft_params)`` as :func:`load_pair` decodes with them: fused
+    projections and, for ``domino`` / ``dominotree`` on a Domino checkpoint, the head's
+    decode leaves (``target_params`` in the layout the target decodes with; only its
+    embedding table is read). ``fused=False`` returns the inputs unchanged. Also what the
+    training loop's held-out evaluation builds from the current params."""
+    from domino_jax.models.fused_layout import fuse_model, head_decode_params
+
+    if not fused:
+        return draft_config, draft_params
+    draft_config, draft_params = fuse_model(draft_config, draft_params)
+    if "head" in draft_params and method in ("domino", "dominotree"):
+        draft_params = dict(draft_params, head=head_decode_params(
+            draft_params["head"], target_params["embed_tokens"]["embedding"],
+            input_table=head_input_table))
+    return draft_config, draft_params
 
 
 def make_drafter(draft_config: DraftConfig, target, method: str, **drafter_options):

@@ -2,7 +2,8 @@
 
     python -m domino_jax.train --target DIR --data data.npz --out runs/domino \\
         --drafter domino --draft-layers 2 --block-size 16 --gru-hidden-dim 256 --emb-dim 64 \\
-        --steps 1000 --batch-size 32 --lr 6e-4 [--resume]
+        --steps 1000 --batch-size 32 --lr 6e-4 [--resume | --resume-from DIR] \\
+        [--eval-prompts heldout.jsonl --eval-every 200 --keep-best]
 
 Build the data first: ``python -m domino_jax.train.shards generate --corpus C.jsonl --out
 SHARDS`` (then ``--data SHARDS``, streamed) or ``python -m domino_jax.train.data --out
@@ -87,8 +88,57 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "a released or shipped drafter); its geometry and mask replace "
                         "--draft-layers/--block-size/--gru-hidden-dim/--emb-dim/--mask-token-id")
     p.add_argument("--no-progress", action="store_true")
+    # long runs: resume from elsewhere, checkpoints kept, held-out tau (train/README.md)
+    p.add_argument("--resume-from", default=None, metavar="DIR",
+                   help="continue from the latest checkpoint of this run / checkpoint folder "
+                        "(e.g. one joined by `python -m domino_jax.train.parts join`)")
+    p.add_argument("--keep-checkpoints", type=int, default=2, help="last K kept")
+    p.add_argument("--keep-best", action="store_true",
+                   help="also keep OUT/best/ (highest held-out tau), exported as draft-best/")
+    p.add_argument("--eval-prompts", default=None, metavar="FILE.jsonl",
+                   help='held-out prompts ({"prompt", "kind"} lines, e.g. heldout.jsonl): '
+                        "tau with the real decode loop, written to OUT/curve.json")
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="steps between evaluations (0: at the start and the end only)")
+    p.add_argument("--eval-max-new-tokens", type=int, default=32)
+    p.add_argument("--eval-num-prompts", type=int, default=8, help="prompts per kind")
+    p.add_argument("--eval-methods", default=None,
+                   help="comma list of dflash,domino,ddtree,dominotree (ddtree@BUDGET); "
+                        "default: dflash,domino for a Domino drafter, dflash for DFlash")
+    p.add_argument("--eval-batch-size", type=int, default=None,
+                   help="decode rows per batch (default: all prompts, at most 64)")
     add_verbose_flag(p)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    try:
+        args.eval_config = eval_config_from_args(args)
+    except (ValueError, FileNotFoundError) as e:
+        p.error(str(e))
+    if args.keep_checkpoints < 1:
+        p.error(f"--keep-checkpoints must be >= 1, got {args.keep_checkpoints}")
+    if args.keep_best and args.eval_prompts is None:
+        p.error("--keep-best ranks checkpoints by held-out tau: give --eval-prompts FILE")
+    return args
+
+
+def eval_config_from_args(args: argparse.Namespace):
+    """The run's :class:`EvalConfig` (``None`` without ``--eval-prompts``); the prompts file
+    is read once here so a bad one fails before any model is loaded."""
+    from domino_jax.train.evaluate import EvalConfig, read_eval_prompts
+
+    if args.eval_prompts is None:
+        return None
+    methods = None
+    if args.eval_methods:
+        methods = tuple(m.strip() for m in args.eval_methods.split(",") if m.strip())
+        if args.drafter == "dflash" and any(m.split("@")[0] in ("domino", "dominotree")
+                                            for m in methods):
+            raise ValueError(f"--eval-methods {args.eval_methods}: domino / dominotree need "
+                             "a Domino drafter (--drafter dflash trains plain DFlash)")
+    read_eval_prompts(args.eval_prompts, 1)
+    return EvalConfig(prompts=args.eval_prompts, every=args.eval_every,
+                      max_new_tokens=args.eval_max_new_tokens,
+                      num_prompts=args.eval_num_prompts, methods=methods,
+                      batch_size=args.eval_batch_size)
 
 
 def with_recipe_options(cfg: TrainConfig, args: argparse.Namespace) -> TrainConfig:
@@ -141,12 +191,21 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         split = lambda text: text.split(",") if text else None
         examples = load_dataset(args.data, split(args.data_kinds), split(args.data_modes))
-    result = train(cfg, target_dir, args.data, args.out, args.draft_layers, args.block_size,
-                   args.gru_hidden_dim, args.emb_dim, args.mask_token_id, args.resume,
-                   examples=examples, progress=not args.no_progress)
+    from domino_jax.train.checkpoints import RunError
+
+    try:
+        result = train(cfg, target_dir, args.data, args.out, args.draft_layers, args.block_size,
+                       args.gru_hidden_dim, args.emb_dim, args.mask_token_id, args.resume,
+                       examples=examples, progress=not args.no_progress,
+                       eval_config=args.eval_config, keep_checkpoints=args.keep_checkpoints,
+                       keep_best=args.keep_best, resume_from=args.resume_from)
+    except RunError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2)
     last = result.history[-1] if result.history else {}
     print(json.dumps({"drafter": cfg.drafter, "steps": cfg.steps, "seconds": round(result.seconds, 1),
                       "final_loss": last.get("loss"), "acc": last.get("acc"),
+                      "heldout_tau": result.curve[-1]["tau"] if result.curve else None,
                       "mfu": last.get("mfu"), "tokens_per_second": last.get("tokens_per_second"),
                       "export_dir": result.export_dir, "config": dataclasses.asdict(cfg)}))
 

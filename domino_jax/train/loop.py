@@ -1,14 +1,24 @@
-"""The training loop: data -> sharded jitted steps -> orbax checkpoints -> HF export.
+"""The training loop: data -> sharded jitted steps -> orbax checkpoints -> held-out tau -> HF export.
 
     result = train(TrainConfig(drafter="domino", steps=1000), target_dir, "data.npz", "out/",
-                   draft_layers=2, block_size=16, gru_hidden_dim=256, emb_dim=64)
+                   draft_layers=2, block_size=16, gru_hidden_dim=256, emb_dim=64,
+                   eval_config=EvalConfig(prompts="corpus/heldout.jsonl", every=200))
 
 Writes under ``out``: ``checkpoints/`` (orbax, every ``checkpoint_every`` steps and at the
-end; ``resume=True`` continues from the latest one with the same batches and anchor keys,
-so the loss curve is the same), ``metrics.jsonl`` (one JSON object per logged step),
-``train_config.json`` and ``draft/`` (the trained drafter in the HF ``DFlashDraftModel``
-format; plus a ``mask_embedding [H]`` tensor, with a warning, when the drafter learned its
-own mask token (``TrainConfig.learned_mask``), see :func:`load_trained_draft`).
+end, the last ``keep_checkpoints`` kept; ``best/`` with ``keep_best``; see
+:mod:`~domino_jax.train.checkpoints`), ``metrics.jsonl`` (one JSON object per logged step),
+``curve.json`` / ``curve.png`` (held-out tau per method and kind, loss, lr, tokens seen:
+:mod:`~domino_jax.train.curve`), ``train_config.json`` and ``draft/`` (the trained drafter in
+the HF ``DFlashDraftModel`` format; plus a ``mask_embedding [H]`` tensor, with a warning,
+when the drafter learned its own mask token (``TrainConfig.learned_mask``), see
+:func:`load_trained_draft`).
+
+Exact resume: the batch of step ``i`` is a pure function of ``(seed, i)``
+(:func:`data.batch_for_step`, indexing ``examples[j]`` only, so a streamed data set works)
+and the anchor keys are ``fold_in(PRNGKey(seed), step)``; a resumed run (``resume=True`` or
+``resume_from=DIR``) restores params, optimizer state and the bookkeeping (tokens seen,
+wall time) and continues bitwise as the uninterrupted run would have. Evaluation reads the
+params and never touches the training state or its randomness.
 """
 
 from __future__ import annotations
@@ -28,10 +38,18 @@ from domino_jax.config import DraftConfig
 from domino_jax.console import train_postfix
 from domino_jax.models.qwen3 import TargetLM
 from domino_jax.train import data as data_lib
+from domino_jax.train.checkpoints import (BEST, CHECKPOINTS, RESUMABLE_CHANGES,
+                                          TRAIN_CONFIG, RunError, check_resume_settings,
+                                          checkpoint_manager, has_checkpoint,
+                                          read_jsonl_until, resolve_checkpoint_dir,
+                                          restore_checkpoint, save_checkpoint)
 from domino_jax.train.config import TrainConfig, make_draft_config, resolve_mask_token_id
+from domino_jax.train.curve import plot_run, read_curve, write_curve
+from domino_jax.train.evaluate import (EvalConfig, HeldoutEvaluator, best_metric,
+                                       default_methods, encode_prompts, read_eval_prompts)
 from domino_jax.train.loss import init_draft_params
-from domino_jax.train.step import (init_state, make_train_mesh, make_train_step, model_flops,
-                                   place, shard_batch, compile_step)
+from domino_jax.train.step import (init_state, make_lr, make_train_mesh, make_train_step,
+                                   model_flops, place, shard_batch, compile_step)
 
 log = logging.getLogger(__name__)
 MASK_EMBEDDING = "mask_embedding"
@@ -95,35 +113,6 @@ def load_init_draft(path: str, target_config, drafter: str) -> tuple[DraftConfig
     return config, jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), params)
 
 
-# ----------------------------------------------------------------------------- checkpoints
-
-def _manager(directory: str, keep: int = 2):
-    import orbax.checkpoint as ocp
-
-    return ocp.CheckpointManager(os.path.abspath(directory),
-                                 options=ocp.CheckpointManagerOptions(max_to_keep=keep))
-
-
-def save_checkpoint(manager, state) -> None:
-    import orbax.checkpoint as ocp
-
-    manager.save(int(state.step), args=ocp.args.StandardSave(state))
-    manager.wait_until_finished()
-
-
-def restore_checkpoint(manager, abstract_state):
-    """The latest checkpoint restored with ``abstract_state``'s shapes and shardings, or
-    ``None`` when there is none."""
-    import orbax.checkpoint as ocp
-
-    latest = manager.latest_step()
-    if latest is None:
-        return None
-    spec = jax.tree_util.tree_map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), abstract_state)
-    return manager.restore(latest, args=ocp.args.StandardRestore(spec))
-
-
 # ----------------------------------------------------------------------------- loop
 
 _COMPILED: dict = {}
@@ -136,6 +125,8 @@ class TrainResult:
     history: list[dict]              # logged metrics
     export_dir: str | None
     seconds: float
+    curve: list[dict] = dataclasses.field(default_factory=list)   # held-out eval points
+    state: Any = None                # the final TrainState (host): params + optimizer state
 
 
 def summarise(metrics: dict) -> dict:
@@ -148,14 +139,80 @@ def summarise(metrics: dict) -> dict:
     return out
 
 
+def make_evaluator(eval_config: EvalConfig, target: TargetLM, target_params, config: DraftConfig,
+                   target_dir: str | None, encode=None) -> HeldoutEvaluator:
+    """The held-out evaluator of a run: prompts read and encoded once (``encode(text) ->
+    ids``, default: :func:`decode.loading.encode_prompt` with the target folder's tokenizer,
+    as the decode CLI and the shards generator encode), stop tokens from the tokenizer."""
+    from domino_jax.decode.loading import encode_prompt, load_tokenizer, stop_token_ids
+
+    texts = read_eval_prompts(eval_config.prompts, eval_config.num_prompts)
+    tokenizer = None
+    if encode is None:
+        if target_dir is None:
+            raise RunError("held-out evaluation needs a tokenizer: give target_dir or encode")
+        tokenizer = load_tokenizer(target_dir)
+        encode = lambda text: encode_prompt(tokenizer, text)
+    prompts = encode_prompts(texts, encode, eval_config.max_prompt_tokens)
+    log.info("eval: %d held-out prompts (%s), methods %s, %d new tokens",
+             sum(map(len, prompts.values())), ", ".join(f"{k} {len(v)}" for k, v in
+                                                          prompts.items()),
+             eval_config.methods or default_methods(config), eval_config.max_new_tokens)
+    return HeldoutEvaluator(target, target_params, config, prompts, eval_config.methods,
+                            eval_config.max_new_tokens, eval_config.batch_size,
+                            stop_token_ids(tokenizer, target.config))
+
+
+class _Window:
+    """Loss / accuracy of the steps since the last curve point. Steps add device arrays (no
+    host sync per step); :meth:`sums` folds them into host sums, which a checkpoint's meta
+    carries so that a resumed run's next point averages the same steps."""
+
+    def __init__(self, sums: dict | None = None):
+        self._sums = dict(sums or {"loss": 0.0, "steps": 0, "correct": 0.0, "count": 0.0})
+        self._pending: list = []
+
+    def add(self, metrics: dict) -> None:
+        self._pending.append((metrics["loss"], metrics["correct"].sum(), metrics["count"].sum()))
+
+    def sums(self) -> dict:
+        for loss, correct, count in jax.device_get(self._pending):
+            self._sums["loss"] += float(loss)
+            self._sums["steps"] += 1
+            self._sums["correct"] += float(correct)
+            self._sums["count"] += float(count)
+        self._pending = []
+        return dict(self._sums)
+
+    def take(self) -> tuple[float | None, float | None]:
+        """``(mean loss, accuracy)`` since the last point (``None`` without steps); resets."""
+        sums = self.sums()
+        self._sums = {"loss": 0.0, "steps": 0, "correct": 0.0, "count": 0.0}
+        if not sums["steps"]:
+            return None, None
+        return sums["loss"] / sums["steps"], sums["correct"] / max(sums["count"], 1.0)
+
+
 def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_dir: str,
           draft_layers: int = 2, block_size: int = 16, gru_hidden_dim: int = 256,
           emb_dim: int = 64, mask_token_id: int | None = None, resume: bool = False,
           examples: list[dict] | None = None, target: TargetLM | None = None,
           target_params: Any = None, export: bool = True, progress: bool = True,
-          stop_after: int | None = None) -> TrainResult:
+          stop_after: int | None = None, eval_config: EvalConfig | None = None,
+          encode=None, keep_checkpoints: int = 2, keep_best: bool = False,
+          resume_from: str | None = None) -> TrainResult:
     """Train a drafter against a frozen target (loaded from ``target_dir`` unless
     ``target``/``target_params`` are given) on ``data_path`` (or ``examples``).
+
+    ``resume``: continue from the latest checkpoint of ``out_dir/checkpoints`` (a fresh run
+    when there is none); ``resume_from``: from the latest checkpoint of that run or
+    checkpoint folder (see :func:`checkpoints.resolve_checkpoint_dir`), writing on into
+    ``out_dir``. Either way the settings must match the saved ones and the result is
+    bitwise the uninterrupted run's. ``eval_config`` (with ``prompts``): held-out tau with
+    the real decode loop at step 0, every ``eval_config.every`` steps and at the end, into
+    ``out_dir/curve.json`` (+ ``curve.png``); ``encode(text) -> ids`` overrides the target
+    folder's chat template. ``keep_checkpoints``: last K kept; ``keep_best``: also
+    ``out_dir/best/`` (highest held-out tau) exported as ``draft-best/``.
     ``stop_after``: leave the loop after that global step (as if interrupted; tests)."""
     from tqdm.auto import tqdm
 
@@ -177,16 +234,24 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
     else:
         config = make_draft_config(target.config, cfg.drafter, draft_layers, block_size,
                                    gru_hidden_dim, emb_dim, mask_token_id)
+    if keep_best and not (eval_config and eval_config.prompts):
+        raise RunError("keep_best (--keep-best) ranks checkpoints by held-out tau: give "
+                       "eval prompts (--eval-prompts FILE)")
     if examples is None:
         examples = data_lib.load_dataset(data_path)
     examples = data_lib.filter_examples(examples, 2 * block_size, cfg.max_length)
     if not examples:
         raise ValueError(f"no example in {data_path!r} has >= {2 * block_size} response "
                          f"tokens within max_length {cfg.max_length}")
+    settings = {"train": dataclasses.asdict(cfg), "draft": config.to_hf_dict()}
+    source_ckpt, source_run = None, None
+    if resume_from is not None:
+        source_ckpt, source_run = resolve_checkpoint_dir(resume_from)
+    elif resume:
+        source_ckpt, source_run = os.path.join(out_dir, CHECKPOINTS), out_dir
+    if source_ckpt is not None and has_checkpoint(source_ckpt):
+        check_resume_settings(source_run, settings, len(examples))
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "train_config.json"), "w") as f:
-        json.dump({"train": dataclasses.asdict(cfg), "draft": config.to_hf_dict(),
-                   "examples": len(examples)}, f, indent=2)
 
     if cfg.init_draft is not None:
         params = init_params
@@ -196,33 +261,87 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
     mesh = make_train_mesh(cfg)
     state, target_params, s_shard, t_shard = place(cfg, mesh, init_state(cfg, params),
                                                    target_params, target.config)
-    manager = _manager(os.path.join(out_dir, "checkpoints"))
-    if resume:
-        restored = restore_checkpoint(manager, state)
+    meta: dict = {}
+    if source_ckpt is not None and os.path.isdir(source_ckpt):
+        restored = restore_checkpoint(checkpoint_manager(source_ckpt, None), state)
         if restored is not None:
-            state = restored
-            log.info("resumed from step %d", int(state.step))
+            state, meta = restored
+            log.info("resumed from %s at step %d", source_ckpt, int(state.step))
+    if source_ckpt is not None and not meta and int(state.step) == 0:
+        if resume_from is not None:
+            raise RunError(f"--resume-from {resume_from!r}: no checkpoint to resume from")
+        log.warning("--resume: no checkpoint in %s; starting a fresh run", source_ckpt)
     start = int(state.step)
+    with open(os.path.join(out_dir, TRAIN_CONFIG), "w") as f:
+        json.dump(dict(settings, examples=len(examples)), f, indent=2)
+    manager = checkpoint_manager(os.path.join(out_dir, CHECKPOINTS), keep_checkpoints)
+    best_manager = checkpoint_manager(os.path.join(out_dir, BEST), 1) if keep_best else None
+    continued = start > 0 and source_run is not None     # history up to ``start`` carries on
+    metrics_rows = read_jsonl_until(os.path.join(source_run, "metrics.jsonl"), start) \
+        if continued else []
+    curve = [p for p in read_curve(source_run) if p["step"] <= start] if continued else []
+    if continued:
+        write_curve(out_dir, curve)                         # points after ``start`` are gone
+    evaluator = None
+    if eval_config is not None and eval_config.prompts:
+        evaluator = make_evaluator(eval_config, target, target_params, config, target_dir,
+                                   encode)
+    best_tau = max((best_metric(p["tau"], config) for p in curve if p.get("tau")),
+                   default=float("-inf"))
     seq_len = cfg.max_length
     flops_model = model_flops(cfg, config, target.config, seq_len)
     n_dev = mesh.devices.size
-    metrics_file = open(os.path.join(out_dir, "metrics.jsonl"), "a" if resume else "w")
+    with open(os.path.join(out_dir, "metrics.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in metrics_rows)
+    metrics_file = open(os.path.join(out_dir, "metrics.jsonl"), "a")
     history: list[dict] = []
     t_start = time.perf_counter()
+    wall_base = float(meta.get("wall_seconds", 0.0))
+    tokens_seen = int(meta.get("tokens_seen", 0))
+    run_meta = lambda step: {"step": step, "tokens_seen": tokens_seen,
+                             "examples_seen": step * cfg.batch_size,
+                             "wall_seconds": wall_base + time.perf_counter() - t_start}
     first = data_lib.batch_for_step(examples, start, cfg.batch_size, cfg.micro_batches,
                                     cfg.max_length, cfg.seed)
     t0 = time.perf_counter()
-    cache_key = (cfg, config, target, tuple(d.id for d in mesh.devices.flat),
+    # the step does not read the cadence settings: runs differing only there share a program
+    step_cfg = dataclasses.replace(cfg, **{k: getattr(TrainConfig, k) for k in RESUMABLE_CHANGES})
+    cache_key = (step_cfg, config, target, tuple(d.id for d in mesh.devices.flat),
                  str(jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), target_params)))
-    if cache_key not in _COMPILED:      # same run settings in one process: compile once
+    if start >= cfg.steps:
+        log.info("already at step %d of %d: nothing to train", start, cfg.steps)
+    elif cache_key not in _COMPILED:    # same run settings in one process: compile once
         log.info("compiling the %s train step (batch %d x %d tokens) ...", cfg.drafter,
                  cfg.batch_size, cfg.max_length)
-        step_fn = make_train_step(cfg, config, target, mesh, s_shard, t_shard)
+        step_fn = make_train_step(step_cfg, config, target, mesh, s_shard, t_shard)
         _COMPILED[cache_key] = compile_step(step_fn, state, shard_batch(first, mesh),
                                             target_params)
         log.info("compiled the train step in %.1f s", time.perf_counter() - t0)
-    step_fn, flops_xla = _COMPILED[cache_key]
+    step_fn, flops_xla = _COMPILED.get(cache_key, (None, 0.0))
     compile_seconds = time.perf_counter() - t0
+    window = _Window(meta.get("window"))
+
+    def curve_point(step: int) -> dict:
+        """Evaluate the current params on the held-out prompts; append, write, plot."""
+        nonlocal best_tau
+        t_eval = time.perf_counter()
+        taus = evaluator(state.params)
+        loss, acc = window.take()
+        point = dict(run_meta(step), loss=loss, acc=acc, lr=float(make_lr(cfg)(step)),
+                     tau=taus, eval_seconds=time.perf_counter() - t_eval)
+        curve.append(point)
+        write_curve(out_dir, curve)
+        plot_run(out_dir)
+        score = best_metric(taus, config)
+        log.info("step %d: held-out tau %s", step, {m: round(t["all"], 3)
+                                                   for m, t in taus.items()})
+        if best_manager is not None and score > best_tau:
+            best_tau = score
+            save_checkpoint(best_manager, state, dict(run_meta(step), best_tau=score))
+        return point
+
+    if evaluator is not None and eval_config.at_start and start == 0:
+        curve_point(0)
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress,
                desc=f"train {cfg.drafter}")
     window_t, window_tokens, window_steps = time.perf_counter(), 0.0, 0
@@ -230,8 +349,12 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
         batch = first if i == start else data_lib.batch_for_step(
             examples, i, cfg.batch_size, cfg.micro_batches, cfg.max_length, cfg.seed)
         state, metrics = step_fn(state, shard_batch(batch, mesh), target_params)
+        if evaluator is not None:
+            window.add(metrics)
+        batch_tokens = int(np.count_nonzero(batch["loss_mask"]))
+        tokens_seen += batch_tokens
         window_steps += 1
-        window_tokens += float(np.sum(batch["loss_mask"] > 0) + 0)
+        window_tokens += batch_tokens
         step = i + 1
         last = step == cfg.steps
         if step % cfg.log_every == 0 or last or step == start + 1:
@@ -242,20 +365,29 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
                      tokens_per_second=window_tokens / max(elapsed, 1e-9),
                      model_flops_per_step=flops_model, xla_flops_per_step=flops_xla,
                      mfu=flops_model / max(step_time, 1e-9) / (cfg.peak_flops * n_dev),
-                     compile_seconds=compile_seconds)
+                     compile_seconds=compile_seconds, tokens_seen=tokens_seen)
             history.append(m)
             metrics_file.write(json.dumps(m) + "\n")
             metrics_file.flush()
             bar.set_postfix(train_postfix(m))
             window_t, window_tokens, window_steps = time.perf_counter(), 0.0, 0
+        if evaluator is not None and (last or (eval_config.every and
+                                               step % eval_config.every == 0)):
+            curve_point(step)
+            window_t = time.perf_counter()          # eval time is not step time
         if step % cfg.checkpoint_every == 0 or last:
-            save_checkpoint(manager, state)
+            save_checkpoint(manager, state, dict(run_meta(step), window=window.sums()))
         if stop_after is not None and step >= stop_after:
             break
     metrics_file.close()
-    host_params = jax.device_get(state.params)
+    host_state = jax.device_get(state)
     export_dir = None
     if export:
         export_dir = os.path.join(out_dir, "draft")
-        export_trained_draft(config, host_params, export_dir)
-    return TrainResult(config, host_params, history, export_dir, time.perf_counter() - t_start)
+        export_trained_draft(config, host_state.params, export_dir)
+        if best_manager is not None and best_manager.latest_step() is not None:
+            best_state, _ = restore_checkpoint(best_manager, state)
+            export_trained_draft(config, jax.device_get(best_state.params),
+                                 os.path.join(out_dir, "draft-best"))
+    return TrainResult(config, host_state.params, history, export_dir,
+                       time.perf_counter() - t_start, curve, host_state)

@@ -1,0 +1,254 @@
+"""Acceptance length tau on held-out prompts, with the real decode loop, during training.
+
+    prompts = read_eval_prompts("corpus/heldout.jsonl", num_per_kind=8)   # kind -> [text]
+    ids = encode_prompts(prompts, encode)                                 # kind -> [[int]]
+    evaluator = HeldoutEvaluator(target, target_params, draft_config, ids,
+                                 methods=("dflash", "domino"), max_new_tokens=32)
+    evaluator(draft_params)       # {"dflash": {"chat": 1.9, ..., "all": 2.1}, "domino": ...}
+
+tau (tokens committed per target forward: accepted drafts + the bonus) is measured with
+:func:`domino_jax.decode.speculative.generate`, greedy (T = 0), the drafter built from the
+current params exactly as :func:`domino_jax.decode.loading.load_pair` builds it from a
+checkpoint (fused decode layout, the Domino head's decode leaves). ``"dflash"`` on a Domino
+drafter drafts the argmax of the same checkpoint's base logits (as
+``benchmarks/tau_smollm2.py`` does); ``"ddtree"`` / ``"dominotree"`` (optionally
+``"ddtree@32"`` for a budget) run the tree methods.
+
+Cheap by construction: a few prompts per kind, a small ``max_new_tokens``, all prompts in
+few fixed-shape batches (sorted by length, the last batch filled with copies of its first
+prompt whose rows are ignored). The target is put in the decode layout once per evaluator;
+the decode programs are compiled on the first evaluation and reused by every later one
+(``speculative``'s program cache is keyed by shapes, which do not change between evals).
+
+Per kind, tau pools the rows of that kind (sum of tokens committed / rounds); ``"all"``
+pools every row. Prompts in a JSONL file are ``{"prompt": str, "kind": str, ...}`` records
+(the corpus's ``heldout.jsonl``); a file of plain ``{"prompt"}`` lines is one kind, ``"all"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from domino_jax.config import DraftConfig
+
+log = logging.getLogger(__name__)
+
+CHAIN_METHODS = ("dflash", "domino")
+TREE_METHODS = ("ddtree", "dominotree")
+ALL = "all"
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """Held-out evaluation settings of a training run (not part of the jitted step).
+
+    ``every``: evaluate every that many steps (0: only at the start and the end);
+    ``num_prompts``: prompts per kind (the first ones of each kind in file order);
+    ``methods``: ``None`` = what the drafter supports (``dflash`` [+ ``domino``]);
+    ``batch_size``: rows per decode batch (``None``: all prompts in one batch, at most 64);
+    prompts longer than ``max_prompt_tokens`` tokens are skipped.
+    """
+
+    prompts: str | None = None
+    every: int = 0
+    max_new_tokens: int = 32
+    num_prompts: int = 8
+    methods: tuple[str, ...] | None = None
+    batch_size: int | None = None
+    max_prompt_tokens: int = 512
+    at_start: bool = True
+
+    def __post_init__(self):
+        if self.every < 0 or self.max_new_tokens < 1 or self.num_prompts < 1:
+            raise ValueError(f"eval settings out of range: every={self.every} (>= 0), "
+                             f"max_new_tokens={self.max_new_tokens} (>= 1), "
+                             f"num_prompts={self.num_prompts} (>= 1)")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"eval batch_size must be >= 1, got {self.batch_size}")
+        for m in self.methods or ():
+            parse_method(m)
+
+
+def parse_method(name: str) -> tuple[str, dict]:
+    """``"domino"`` -> ``("domino", {})``; ``"ddtree@32"`` -> ``("ddtree", {"budget": 32})``."""
+    method, _, budget = name.partition("@")
+    if method not in CHAIN_METHODS + TREE_METHODS:
+        raise ValueError(f"unknown eval method {name!r}; choose from "
+                         f"{', '.join(CHAIN_METHODS + TREE_METHODS)} (trees: 'ddtree@BUDGET')")
+    if budget:
+        if method not in TREE_METHODS or not budget.isdigit() or int(budget) < 1:
+            raise ValueError(f"eval method {name!r}: '@BUDGET' (a positive integer) is for "
+                             f"{' / '.join(TREE_METHODS)} only")
+        return method, {"budget": int(budget)}
+    return method, {}
+
+
+def default_methods(draft_config: DraftConfig) -> tuple[str, ...]:
+    return CHAIN_METHODS if draft_config.has_domino_head else ("dflash",)
+
+
+def check_methods(methods: Sequence[str], draft_config: DraftConfig) -> None:
+    for name in methods:
+        method, _ = parse_method(name)
+        if method in ("domino", "dominotree") and not draft_config.has_domino_head:
+            raise ValueError(f"eval method {name!r} needs a Domino drafter (this one is "
+                             "DFlash); use dflash or ddtree")
+
+
+# ----------------------------------------------------------------------------- prompts
+
+def read_eval_prompts(path: str, num_per_kind: int | None = None) -> dict[str, list[str]]:
+    """``kind -> [prompt text]`` from a JSONL file, the first ``num_per_kind`` of each kind
+    in file order (kinds sorted). Lines without ``"kind"`` count as kind ``"all"``; a file
+    may not mix them with kinds."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"eval prompts {path!r} not found (a JSONL file of "
+                                '{"prompt": ..., "kind": ...} records, e.g. heldout.jsonl)')
+    by_kind: dict[str, list[str]] = {}
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{number}: not JSON ({e})") from e
+            if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+                raise ValueError(f'{path}:{number}: expected an object with a "prompt" string')
+            kind = record.get("kind", ALL)
+            if not isinstance(kind, str) or not kind:
+                raise ValueError(f'{path}:{number}: "kind" must be a non-empty string')
+            texts = by_kind.setdefault(kind, [])
+            if num_per_kind is None or len(texts) < num_per_kind:
+                texts.append(record["prompt"])
+    if not by_kind:
+        raise ValueError(f"{path}: no prompts")
+    if ALL in by_kind and len(by_kind) > 1:
+        raise ValueError(f'{path}: some lines have no "kind" (counted as {ALL!r}) and others '
+                         f"do ({sorted(set(by_kind) - {ALL})}); give every line a kind")
+    return {k: by_kind[k] for k in sorted(by_kind)}
+
+
+def encode_prompts(prompts_by_kind: Mapping[str, Sequence[str]], encode: Callable,
+                   max_prompt_tokens: int = 512) -> dict[str, list[list[int]]]:
+    """Token ids per kind (``encode(text) -> ids``, e.g. the chat template); prompts longer
+    than ``max_prompt_tokens`` are skipped (logged); kinds left empty are dropped."""
+    out, skipped = {}, 0
+    for kind, texts in prompts_by_kind.items():
+        ids = [list(map(int, encode(t))) for t in texts]
+        kept = [x for x in ids if 0 < len(x) <= max_prompt_tokens]
+        skipped += len(ids) - len(kept)
+        if kept:
+            out[kind] = kept
+    if skipped:
+        log.warning("eval: skipped %d prompts longer than %d tokens", skipped, max_prompt_tokens)
+    if not out:
+        raise ValueError(f"no eval prompt of at most {max_prompt_tokens} tokens")
+    return out
+
+
+# ----------------------------------------------------------------------------- tau
+
+def pooled_tau(accept_hist: np.ndarray) -> float:
+    """tau of rows pooled: ``accept_hist [rows, W + 1]`` (index n = rounds committing n)."""
+    hist = np.asarray(accept_hist).sum(0)
+    return float((hist * np.arange(len(hist))).sum() / max(hist.sum(), 1))
+
+
+class HeldoutEvaluator:
+    """tau per method per kind for draft params of one fixed geometry (see module doc).
+
+    ``target`` / ``target_params``: the frozen target as trained against (checkpoint
+    layout, any dtype; evaluation runs in ``target.dtype``). ``draft_config``: the trained
+    drafter's config (checkpoint layout). ``prompts_by_kind``: ``kind -> [token ids]``.
+    """
+
+    def __init__(self, target, target_params, draft_config: DraftConfig,
+                 prompts_by_kind: Mapping[str, Sequence[Sequence[int]]],
+                 methods: Sequence[str] | None = None, max_new_tokens: int = 32,
+                 batch_size: int | None = None, stop_token_ids: Sequence[int] = (),
+                 fused: bool = True):
+        from domino_jax.models.fused_layout import fuse_model
+        from domino_jax.models.qwen3 import TargetLM
+
+        self.methods = tuple(methods or default_methods(draft_config))
+        check_methods(self.methods, draft_config)
+        if not prompts_by_kind or not any(prompts_by_kind.values()):
+            raise ValueError("no eval prompts")
+        self.draft_config, self.fused = draft_config, fused
+        self.max_new_tokens, self.stop_token_ids = max_new_tokens, tuple(stop_token_ids)
+        config, params = target.config, target_params
+        if fused and not config.fused_projections:
+            config, params = fuse_model(config, params)
+        # one dtype object (np.dtype): the decode program cache hashes the modules, and
+        # hash(jnp.float32) != hash(np.dtype("float32")) although they compare equal
+        dtype = jnp.dtype(target.dtype)
+        self.target = TargetLM(config, dtype=dtype, param_dtype=dtype,
+                               attention_impl=target.attention_impl)
+        self.target_params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), params)
+        rows = [(kind, list(ids)) for kind, group in prompts_by_kind.items() for ids in group]
+        rows.sort(key=lambda r: len(r[1]))                  # similar lengths batch together
+        self.kinds = [k for k, _ in rows]
+        self.prompts = [p for _, p in rows]
+        size = batch_size or min(len(rows), 64)
+        self.batches = [self.prompts[i:i + size] for i in range(0, len(rows), size)]
+        self.batch_size = size
+
+    def _batches(self):
+        for chunk in self.batches:                          # fixed [size, ...] batches
+            yield chunk + [chunk[0]] * (self.batch_size - len(chunk)), len(chunk)
+
+    def __call__(self, draft_params: Any) -> dict[str, dict[str, float]]:
+        """``{method: {kind: tau, ..., "all": tau}}`` for ``draft_params`` (float32 masters
+        or any dtype, checkpoint layout)."""
+        from domino_jax.decode.loading import draft_decode_layout, make_drafter
+        from domino_jax.decode.speculative import DecodeConfig, generate
+
+        dtype = self.target.dtype
+        params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), draft_params)
+        result: dict[str, dict[str, float]] = {}
+        for name in self.methods:
+            method, options = parse_method(name)
+            config, dparams = draft_decode_layout(self.draft_config, params, self.target_params,
+                                                  method, self.fused)
+            drafter = make_drafter(config, self.target, method, **options)
+            decode = DecodeConfig(method=method, max_new_tokens=self.max_new_tokens,
+                                  stop_token_ids=self.stop_token_ids)
+            hists = []
+            for rows, real in self._batches():
+                out = generate(self.target, self.target_params, rows, decode, drafter, dparams)
+                hists.append(np.asarray(out.accept_hist)[:real])
+            hist = np.concatenate(hists)
+            kinds = np.asarray(self.kinds)
+            taus = {k: pooled_tau(hist[kinds == k]) for k in dict.fromkeys(self.kinds)}
+            taus[ALL] = pooled_tau(hist)
+            result[name] = taus
+        return result
+
+
+def heldout_tau(target, target_params, draft_config: DraftConfig, draft_params,
+                prompts_by_kind: Mapping[str, Sequence[Sequence[int]]],
+                methods: Sequence[str] = CHAIN_METHODS, max_new_tokens: int = 32,
+                batch_size: int | None = None, stop_token_ids: Sequence[int] = ()
+                ) -> dict[str, dict[str, float]]:
+    """One evaluation: ``{method: {kind: tau, "all": tau}}`` (see :class:`HeldoutEvaluator`;
+    a loop evaluating repeatedly should keep one evaluator, which lays out the target once)."""
+    return HeldoutEvaluator(target, target_params, draft_config, prompts_by_kind, methods,
+                            max_new_tokens, batch_size, stop_token_ids)(draft_params)
+
+
+def best_metric(taus: Mapping[str, Mapping[str, float]], draft_config: DraftConfig) -> float:
+    """The number "best checkpoint" ranks by: pooled tau (``"all"``) of the drafter's own
+    method (``domino`` for a Domino drafter, else ``dflash``) when evaluated, else of the
+    first method evaluated."""
+    own = "domino" if draft_config.has_domino_head else "dflash"
+    name = own if own in taus else next(iter(taus))
+    return float(taus[name][ALL])
