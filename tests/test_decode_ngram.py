@@ -232,3 +232,78 @@ def test_joint_distribution_chi_square(verify, sampling):
     assert df >= 5
     assert stat < threshold, f"chi2 {stat:.1f} >= {threshold:.1f} (df {df})"
     assert result.accept_hist[:, 2:].sum() > 0.05 * ROWS, "drafts were rarely accepted"
+
+
+# ------------------------------------------------------------ the lookup branch in a tree
+
+
+def _reference_graft(tokens, parents, depths, valid, branch, found, reserve):
+    """Plain-Python graft (same contract as ``graft_branch``) over lists."""
+    n = len(tokens)
+    tokens, parents, depths, valid = (list(map(int, tokens)), list(map(int, parents)),
+                                      list(map(int, depths)), list(map(bool, valid)))
+    if not found:
+        return tokens, parents, depths, valid
+    attach, shared = -1, 0
+    for tok in branch:
+        kids = [i for i in range(n - reserve) if valid[i] and parents[i] == attach
+                and tokens[i] == tok]
+        if not kids:
+            break
+        attach, shared = kids[0], shared + 1
+    for j in range(reserve):
+        slot = n - reserve + j
+        if j < len(branch) - shared:
+            tokens[slot], valid[slot] = int(branch[shared + j]), True
+            parents[slot] = attach if j == 0 else slot - 1
+            depths[slot] = shared + j
+        else:
+            tokens[slot], parents[slot], depths[slot], valid[slot] = 0, -1, 0, False
+    return tokens, parents, depths, valid
+
+
+def _paths(tokens, parents, valid):
+    """Set of root-to-node token paths of the valid nodes."""
+    out = set()
+    for i in range(len(tokens)):
+        if not valid[i]:
+            continue
+        path, node = [], i
+        while node >= 0:
+            path.append(int(tokens[node]))
+            node = int(parents[node])
+        out.add(tuple(reversed(path)))
+    return out
+
+
+def test_graft_branch_equals_reference():
+    from domino_jax.decode.ngram import graft_branch
+    from domino_jax.decode.tree_frontier import frontier_ddtree
+
+    rng = np.random.default_rng(4)
+    budget, reserve, length, vocab = 12, 5, 4, 6
+    graft = jax.jit(jax.vmap(lambda t, b, f: graft_branch(t, b, f, reserve)))
+    logits = jnp.asarray(rng.normal(size=(16, 5, vocab)) * 2, jnp.float32)
+    trees = jax.vmap(lambda x: frontier_ddtree(x, budget))(logits)
+    branches = rng.integers(0, vocab, (16, length))
+    for i in range(0, 16, 2):          # half the branches start along an existing path
+        top = [int(t) for t, p, v in zip(trees.tokens[i], trees.parents[i], trees.valid[i])
+               if v and p == -1][:1]
+        branches[i, :len(top)] = top
+    found = rng.random(16) < 0.8
+    out = graft(trees, jnp.asarray(branches, jnp.int32), jnp.asarray(found))
+    shared_seen = set()
+    for i in range(16):
+        want = _reference_graft(trees.tokens[i], trees.parents[i], trees.depths[i],
+                                trees.valid[i], branches[i], found[i], reserve)
+        have = [np.asarray(x[i]).tolist() for x in (out.tokens, out.parents, out.depths,
+                                                    out.valid)]
+        assert have == [list(w) for w in want], i
+        paths = _paths(*(np.asarray(x[i]) for x in (out.tokens, out.parents, out.valid)))
+        kept = _paths(trees.tokens[i][:budget - reserve], trees.parents[i][:budget - reserve],
+                      trees.valid[i][:budget - reserve])
+        assert kept <= paths                                  # the kept tree is intact
+        if found[i]:
+            assert tuple(branches[i]) in paths                # the whole branch is a path
+            shared_seen.add(len(branches[i]) - int(np.asarray(out.valid[i][-reserve:]).sum()))
+    assert 0 in shared_seen and max(shared_seen) >= 1

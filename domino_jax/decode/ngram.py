@@ -144,6 +144,58 @@ def reference_lookup(context: Sequence[int], *, max_ngram: int, min_ngram: int,
     return filler, 0, -1
 
 
+def graft_branch(tree, branch: jax.Array, found: jax.Array, reserve: int):
+    """Graft a lookup continuation into a best-first draft tree as one more path (one row;
+    ``jax.vmap`` it over a batch).
+
+    Args:
+      tree: a :class:`~domino_jax.decode.tree.DraftTree` of ``N`` nodes whose node order puts
+        parents before children (both tree builders' order), so any prefix of the node list
+        is a tree.
+      branch: ``[G]`` int32 the lookup's drafts (``G <= reserve``).
+      found: scalar bool, whether the lookup matched (if not, the tree is returned as is).
+      reserve: ``R``, static: the last ``R`` nodes are the branch's budget.
+    Returns: a ``DraftTree`` of ``N`` nodes. The branch's first ``r`` tokens that already
+    form a path from the root among the first ``N - R`` nodes are shared; its other
+    ``G - r`` tokens become a chain under that path's end in slots ``N - R ..``; the
+    remaining reserved slots are invalid. Grafted nodes have score 0 (scores rank nothing
+    after the build).
+    """
+    from domino_jax.decode.tree import DraftTree
+
+    num_nodes, length = tree.tokens.shape[0], branch.shape[0]
+    if not 1 <= length <= reserve <= num_nodes:
+        raise ValueError(f"graft: need 1 <= branch length ({length}) <= reserve ({reserve}) "
+                         f"<= tree nodes ({num_nodes})")
+    kept = jnp.arange(num_nodes) < num_nodes - reserve
+    usable = tree.valid & kept
+
+    def follow(i, carry):                 # walk the kept tree along the branch's tokens
+        attach, shared, alive = carry
+        child = usable & (tree.parents == attach) & (tree.tokens == branch[i])
+        alive = alive & jnp.any(child)
+        attach = jnp.where(alive, jnp.argmax(child).astype(jnp.int32), attach)
+        return attach, shared + alive.astype(jnp.int32), alive
+
+    attach, shared, _ = jax.lax.fori_loop(0, length, follow,
+                                          (jnp.int32(-1), jnp.int32(0), jnp.bool_(True)))
+    slot = jnp.arange(num_nodes, dtype=jnp.int32)
+    j = slot - (num_nodes - reserve)                           # index within the branch slots
+    new = found & (j >= 0) & (j < length - shared)
+    take = jnp.clip(shared + j, 0, length - 1)
+    depth_of_attach = jnp.where(attach >= 0, tree.depths[jnp.maximum(attach, 0)], -1)
+    tokens = jnp.where(new, branch[take], tree.tokens)
+    parents = jnp.where(new, jnp.where(j == 0, attach, slot - 1), tree.parents)
+    depths = jnp.where(new, depth_of_attach + 1 + j, tree.depths)
+    scores = jnp.where(new, 0.0, tree.scores)
+    valid = jnp.where(found & (j >= 0), new, tree.valid)
+    invalid = ~valid
+    return DraftTree(tokens=jnp.where(invalid, 0, tokens), depths=jnp.where(invalid, 0, depths),
+                     parents=jnp.where(invalid, -1, parents),
+                     scores=jnp.where(invalid, -jnp.inf, scores).astype(jnp.float32),
+                     valid=valid)
+
+
 @dataclasses.dataclass(frozen=True)
 class NgramDrafter:
     """``--method ngram``: a chain drafter with no model. Each round the loop hands it the
@@ -152,7 +204,7 @@ class NgramDrafter:
     verifies them as any chain. Drafts are deterministic: ``rejection`` verification uses a
     one-hot ``q`` (the same acceptance as ``match``)."""
 
-    max_ngram: int = 3
+    max_ngram: int = 4
     min_ngram: int = 1
     num_tokens: int = 10
     occurrence: str = "latest"
