@@ -20,10 +20,10 @@ simulated one.
 Writes ``ngram_sweep_<date>.{json,md}`` into ``--out`` (default benchmarks/results).
 
 ``--round-cost SWEEP_JSON`` instead measures what a round costs on this device at batch 1:
-milliseconds per round of AR (verify width 1) and of the lookup at every K of the sweep
-(the round's time does not depend on acceptance: static shapes), best of ``--repeats``
-timed runs of ``--cost-rounds`` rounds on one held-out prompt of each kind; with the
-sweep's tau it predicts tokens per second ``tau(K) / ms(K)`` against AR's ``1 / ms(AR)``.
+milliseconds per round of AR (verify width 1) and of the lookup at every K (the round's
+time does not depend on acceptance: static shapes), streamed chunks of ``--cost-rounds``
+rounds on one held-out prompt, ``--repeats`` interleaved repeats; with the sweep's tau it
+predicts the speedup ``tau(K) / c(K)`` (``c`` = the round's time in AR steps).
 Writes ``ngram_cost_<date>.{json,md}``.
 """
 
@@ -152,7 +152,10 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--round-cost", metavar="SWEEP_JSON", default=None,
                    help="measure ms per round (AR and every K) instead of sweeping")
-    p.add_argument("--cost-rounds", type=int, default=24)
+    p.add_argument("--cost-rounds", type=int, default=8, help="rounds per timed chunk")
+    p.add_argument("--cost-kind", default="chat", choices=KINDS,
+                   help="the held-out prompt timed (one program per K)")
+    p.add_argument("--cost-tokens", default=None, help="K values (default: the sweep's)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                  "results"))
@@ -246,6 +249,7 @@ def round_cost(args, stamp, t_start) -> None:
     """``--round-cost``: ms per round at batch 1 for AR and the lookup at each K."""
     import jax
     import jax.numpy as jnp
+    import numpy as np
 
     from bench_util import git_commit, versions
     from domino_jax.decode.loading import default_models, load_pair, load_tokenizer
@@ -260,49 +264,70 @@ def round_cost(args, stamp, t_start) -> None:
     target_dir, _ = default_models(None, None)
     tokenizer = load_tokenizer(target_dir)
     target, tparams, _, _ = load_pair(target_dir, None, "ar", jnp.float32)
-    prompts = {kind: chat_ids(tokenizer, q) for kind, q in heldout_by_kind(1)}
-    entries = []
+    kind, text = next(x for x in heldout_by_kind(1) if x[0] == args.cost_kind)
+    prompts = {kind: chat_ids(tokenizer, text)}
+    if args.cost_tokens:
+        ks = [int(x) for x in args.cost_tokens.split(",")]
+    chunk = args.cost_rounds
+    runs = {}                         # k -> (config, drafter): at least 4 full chunks of rounds
     for k in [0] + ks:
         drafter = None if k == 0 else NgramDrafter(best["max_ngram"], best["min_ngram"], k,
                                                    best["occurrence"], best["wrap"])
-        # no stop token: every run does exactly cost_rounds rounds (AR: one token each)
-        config = DecodeConfig(method="ar" if k == 0 else "ngram",
-                              max_new_tokens=1 + args.cost_rounds * (k + 1))
-        for kind, ids in prompts.items():
-            best_ms = float("inf")
-            for _ in range(args.repeats + 1):                     # the first one compiles
-                r = generate(target, tparams, [ids], config, drafter)
-                if r.compile_seconds == 0:
-                    best_ms = min(best_ms, 1e3 * r.decode_seconds / max(int(r.rounds[0]), 1))
-            entries.append(dict(tokens=k, verify_width=k + 1, kind=kind, ms_per_round=best_ms))
-            print(f"K={k} {kind}: {best_ms:.1f} ms/round", flush=True)
-    ar = {e["kind"]: e["ms_per_round"] for e in entries if e["tokens"] == 0}
-    lines = [f"# Round cost at batch 1 and predicted lookup speedup, SmolLM2-135M, float32",
+        # no stop token, so every chunk but the last runs exactly `chunk` rounds
+        runs[k] = (DecodeConfig(method="ar" if k == 0 else "ngram",
+                                max_new_tokens=1 + 4 * chunk * (k + 1)), drafter)
+
+    def timed(k):
+        """Wall and process-CPU seconds of the 2nd and 3rd chunk of ``chunk`` rounds (one
+        host sync each, no prefill, no compile)."""
+        config, drafter = runs[k]
+        marks = []
+        generate(target, tparams, [prompts[kind]], config, drafter, chunk_rounds=chunk,
+                 on_chunk=lambda _: marks.append((time.perf_counter(), time.process_time())))
+        return [((w1 - w0) / chunk, (c1 - c0) / chunk)
+                for (w0, c0), (w1, c1) in zip(marks[1:3], marks[2:4])]
+
+    for k in runs:                                                 # compile everything
+        timed(k)
+    samples = {k: [] for k in runs}
+    for _ in range(args.repeats):                 # interleaved: load drifts hit all alike
+        for k in runs:
+            samples[k] += timed(k)
+    entries = []
+    for k in runs:
+        wall_ms = 1e3 * float(np.median([w for w, _ in samples[k]]))
+        cpu_ms = 1e3 * float(np.median([c for _, c in samples[k]]))
+        entries.append(dict(tokens=k, verify_width=k + 1, kind=kind, ms_per_round=wall_ms,
+                            cpu_ms_per_round=cpu_ms, samples=samples[k]))
+        print(f"K={k} {kind}: {wall_ms:.1f} ms/round wall, {cpu_ms:.1f} ms CPU", flush=True)
+    ar = {e["kind"]: e for e in entries if e["tokens"] == 0}
+    lines = ["# Round cost at batch 1 and predicted lookup speedup, SmolLM2-135M, float32",
              "", f"{stamp}, commit {git_commit(None)}, {jax.devices()[0].device_kind}, jax "
-             f"{versions().get('jax')}, load average {os.getloadavg()[0]:.1f}; best of "
-             f"{args.repeats} runs of {args.cost_rounds} rounds; tau from "
-             f"`{os.path.basename(args.round_cost)}` (T=0 and T=1, chosen matcher setting).",
-             "", "| K | verify width | " + " | ".join(f"ms/round {k} (c)" for k in KINDS)
-             + " | " + " | ".join(f"predicted speedup T={t:g} {k}" for t in (0.0, 1.0)
-                                  for k in KINDS) + " |",
-             "|---|---|" + "---|" * (3 * len(KINDS))]
-    for k in ks:
+             f"{versions().get('jax')}, load average {os.getloadavg()[0]:.1f}. Per round: the "
+             f"median over {args.repeats} interleaved repeats x 2 chunks of "
+             f"{args.cost_rounds} rounds (streamed: one host sync per chunk, no prefill), wall "
+             "and process CPU time (CPU time is what a busy shared machine distorts least; "
+             "one held-out prompt). c = the round's time in AR "
+             "steps; predicted speedup = tau / c (CPU c), tau from "
+             f"`{os.path.basename(args.round_cost)}` (chosen matcher setting).", "",
+             "| K | verify width | kind | ms wall | c wall | ms CPU | c CPU | tau T=0 | "
+             "speedup T=0 | tau T=1 | speedup T=1 |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for e in entries:
+        k, kind = e["tokens"], e["kind"]
+        c_wall = e["ms_per_round"] / ar[kind]["ms_per_round"]
+        c_cpu = e["cpu_ms_per_round"] / ar[kind]["cpu_ms_per_round"]
         cells = []
-        for kind in KINDS:
-            ms = next(e["ms_per_round"] for e in entries if e["tokens"] == k and e["kind"] == kind)
-            cells.append(f"{ms:.1f} ({ms / ar[kind]:.2f})")
         for temp in (0.0, 1.0):
             row = next((r for r in sweep["rows"] if r["temperature"] == temp and
                         r["tokens"] == k and all(r[f] == best[f] for f in
                                                  ("max_ngram", "min_ngram", "occurrence",
                                                   "wrap"))), None)
-            for kind in KINDS:
-                ms = next(e["ms_per_round"] for e in entries
-                          if e["tokens"] == k and e["kind"] == kind)
-                cells.append(f"{row[f'tau_{kind}'] * ar[kind] / ms:.2f}x" if row else "-")
-        lines.append(f"| {k} | {k + 1} | " + " | ".join(cells) + " |")
-    lines += ["", "AR ms/token: " + ", ".join(f"{k} {ar[k]:.1f}" for k in KINDS)
-              + f". {time.perf_counter() - t_start:.0f} s.", ""]
+            tau = 1.0 if k == 0 else (row[f"tau_{kind}"] if row else None)
+            cells += ([f"{tau:.2f}", f"{tau / c_cpu:.2f}x"] if tau else ["-", "-"])
+        lines.append(f"| {k or 'AR'} | {k + 1} | {kind} | {e['ms_per_round']:.1f} | "
+                     f"{c_wall:.2f} | {e['cpu_ms_per_round']:.1f} | {c_cpu:.2f} | "
+                     + " | ".join(cells) + " |")
+    lines += ["", f"{time.perf_counter() - t_start:.0f} s.", ""]
     os.makedirs(args.out, exist_ok=True)
     base = os.path.join(args.out, f"ngram_cost_{stamp}")
     with open(base + ".json", "w") as f:

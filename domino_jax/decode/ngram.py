@@ -206,7 +206,7 @@ class NgramDrafter:
 
     max_ngram: int = 4
     min_ngram: int = 1
-    num_tokens: int = 10
+    num_tokens: int = 4
     occurrence: str = "latest"
     wrap: bool = True
 
