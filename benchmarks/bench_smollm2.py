@@ -2,7 +2,8 @@
 
 For each temperature in ``--temperatures``, runs our jitted AR baseline and every method in
 ``--methods`` on the same held-out prompts (never in the training split,
-``domino_jax.train.data.is_eval_prompt``): the chain methods ``dflash`` (the Domino
+``domino_jax.train.data.is_eval_prompt``): the prompt lookup ``ngram`` (no drafter, the
+CLI's default settings: the floor a drafter must beat), the chain methods ``dflash`` (the Domino
 checkpoint's base logits) and ``domino``, and the tree methods ``ddtree`` and
 ``dominotree`` at every tree budget in ``--budgets``. Each (temperature, method, budget)
 task makes one warm-up call (compile excluded), then generates for each prompt one at a
@@ -32,7 +33,7 @@ timing loop; in-flight compiles finish), and the timing loop starts no task past
 rewritten after every task, so a killed run leaves partial results.
 
     python benchmarks/bench_smollm2.py [--prompts 16] [--max-new-tokens 256] \\
-        [--methods ar,dflash,domino,ddtree,dominotree] [--budgets 8,16,32,64] \\
+        [--methods ar,ngram,dflash,domino,ddtree,dominotree] [--budgets 8,16,32,64] \\
         [--temperatures 0,1] [--compile-threads 8] [--time-budget-s 540] \\
         [--timing-reserve-s 90] [--out DIR]
 
@@ -159,7 +160,7 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperatures", default="0,1")
-    p.add_argument("--methods", default="ar,dflash,domino,ddtree,dominotree")
+    p.add_argument("--methods", default="ar,ngram,dflash,domino,ddtree,dominotree")
     p.add_argument("--budgets", default="8,16,32,64", help="tree budgets (tree methods)")
     p.add_argument("--compile-threads", type=int, default=min(8, os.cpu_count() or 1),
                    help="threads compiling the tasks up front (1: one after another)")
@@ -180,6 +181,7 @@ def main() -> None:
     from domino_jax.decode.loading import (default_models, load_pair, load_tokenizer,
                                            make_drafter)
     from domino_jax.decode.sampling import SamplingConfig
+    from domino_jax.decode.ngram import NGRAM_DEFAULTS
     from domino_jax.decode.speculative import DecodeConfig, precompile, prompt_bucket
     from domino_jax.train.data import build_prompts, chat_ids, is_eval_prompt, stop_ids_of
 
@@ -188,19 +190,25 @@ def main() -> None:
     tasks = [(m, None) for m in methods if m not in TREE_METHODS]
     tasks += [(m, b) for b in budgets for m in methods if m in TREE_METHODS]
     target_dir, draft_dir = default_models(args.target, args.draft)
-    if draft_dir is None and any(m != "ar" for m in methods):
-        raise SystemExit("no drafter found: pass --draft DIR or --methods ar")
+    if draft_dir is None and any(m not in ("ar", "ngram") for m in methods):
+        raise SystemExit("no drafter found: pass --draft DIR or --methods ar,ngram")
     dtype = jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
     # One load: "dflash" fits any DFlash/Domino checkpoint; the other drafters share its
     # config and weights.
     target, tparams, base, dparams = load_pair(target_dir, draft_dir, "dflash", dtype)
-    if "head" in dparams:     # the head's decode leaves, as load_pair gives the head methods
+    if dparams is not None and "head" in dparams:
+        # the head's decode leaves, as load_pair gives the head methods
         dparams = dict(dparams, head=head_decode_params(
             dparams["head"], tparams["embed_tokens"]["embedding"]))
 
     def drafter_for(method: str, budget: int | None):
         options = {} if budget is None else dict(budget=budget)
-        return None if method == "ar" else make_drafter(base.config, target, method, **options)
+        if method in ("ar", "ngram"):
+            return NGRAM_DEFAULTS if method == "ngram" else None
+        return make_drafter(base.config, target, method, **options)
+
+    def params_for(drafter):
+        return dparams if drafter is not None and drafter.method != "ngram" else None
 
     tokenizer = load_tokenizer(target_dir)
     # held-out prompts whose chat length falls in one padding bucket: one compiled program
@@ -235,7 +243,7 @@ def main() -> None:
         drafter = drafter_for(method, budget)
         # measure()'s warm-up prompt; every prompt pads to the same bucket, so one program
         return lambda: precompile(target, tparams, [ids[0]], config_for(temp, method), drafter,
-                                  dparams if drafter else None)
+                                  params_for(drafter))
 
     os.makedirs(args.out, exist_ok=True)
     rows = []
@@ -273,7 +281,7 @@ def main() -> None:
                 continue
             config = config_for(temp, method)
             drafter = drafter_for(method, budget)
-            m = measure(target, tparams, drafter, dparams if drafter else None, config, ids)
+            m = measure(target, tparams, drafter, params_for(drafter), config, ids)
             if method == "ar":
                 ar = m
             speedup = m["tokens_per_second"] / ar["tokens_per_second"] if ar else None

@@ -1,18 +1,22 @@
 """Acceptance length tau of every method on the real SmolLM2 target with our trained
-Domino drafter, on held-out prompts (never in the training split), batched.
+Domino drafter, on held-out prompts (never in the training split), batched; the prompt
+lookup (``ngram``, no drafter, the CLI's default settings) is the floor line.
 
 tau does not depend on the device, so this runs anywhere (CPU included); speed is
 measured by ``bench_smollm2.py`` / ``bench_decode.py`` on the GPU. Methods: dflash (the
 Domino checkpoint's base logits, argmax), domino (chain), ddtree and dominotree at several
-budgets; T = 0 and T = 1. Writes ``tau_smollm2_<date>.{json,md}`` into ``--out``.
+budgets; T = 0 and T = 1. ``--per-kind N`` takes N held-out prompts of each kind (chat,
+math, code) instead of the first ``--prompts`` and adds tau per kind. Writes
+``tau_smollm2_<date>.{json,md}`` into ``--out``.
 
-    python benchmarks/tau_smollm2.py [--prompts 16] [--max-new-tokens 96] [--budgets 8,16,32,64]
-        [--methods ar,dflash,domino,ddtree,dominotree]
+    python benchmarks/tau_smollm2.py [--prompts 16 | --per-kind 4] [--max-new-tokens 96]
+        [--budgets 8,16,32,64] [--methods ar,ngram,dflash,domino,ddtree,dominotree]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -20,16 +24,19 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--per-kind", type=int, default=0,
+                   help="N held-out prompts per kind (chat, math, code) instead of --prompts")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--budgets", default="8,16,32,64")
     p.add_argument("--temperatures", default="0,1")
-    p.add_argument("--methods", default="ar,dflash,domino,ddtree,dominotree",
+    p.add_argument("--methods", default="ar,ngram,dflash,domino,ddtree,dominotree",
                    help="comma list (tree methods run at every --budgets entry)")
     p.add_argument("--git-commit", default=None, help="default: git rev-parse HEAD")
     p.add_argument("--out", default=os.environ.get("OUT") or os.path.join(
@@ -43,8 +50,10 @@ def main() -> None:
 
     import jax
     import jax.numpy as jnp
+    import numpy as np
 
     from domino_jax.decode.loading import default_models, load_pair, load_tokenizer
+    from domino_jax.decode.ngram import NGRAM_DEFAULTS
     from domino_jax.decode.sampling import SamplingConfig
     from domino_jax.decode.speculative import DecodeConfig, generate
     from domino_jax.train.data import build_prompts, chat_ids, is_eval_prompt, stop_ids_of
@@ -52,14 +61,21 @@ def main() -> None:
     target_dir, draft_dir = default_models(None, None)
     dtype = jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
     tokenizer = load_tokenizer(target_dir)
-    prompts = [q for q in build_prompts(4000, seed=123) if is_eval_prompt(q)][:args.prompts]
+    if args.per_kind:
+        from ngram_smollm2 import KINDS, heldout_by_kind
+
+        chosen = heldout_by_kind(args.per_kind)
+        kinds, prompts = [k for k, _ in chosen], [q for _, q in chosen]
+    else:
+        prompts = [q for q in build_prompts(4000, seed=123) if is_eval_prompt(q)][:args.prompts]
+        KINDS, kinds = (), []
     ids = [chat_ids(tokenizer, q) for q in prompts]
     wanted = [m.strip() for m in args.methods.split(",") if m.strip()]
-    known = ("ar", "dflash", "domino", "ddtree", "dominotree")
+    known = ("ar", "ngram", "dflash", "domino", "ddtree", "dominotree")
     unknown = [m for m in wanted if m not in known]
     if unknown:
         raise SystemExit(f"--methods: unknown {unknown}; known: {', '.join(known)}")
-    methods = [(m, {}) for m in ("ar", "dflash", "domino") if m in wanted]
+    methods = [(m, {}) for m in ("ar", "ngram", "dflash", "domino") if m in wanted]
     for b in [int(x) for x in args.budgets.split(",")]:
         methods += [(m, dict(budget=b)) for m in ("ddtree", "dominotree") if m in wanted]
     rows = []
@@ -68,21 +84,25 @@ def main() -> None:
     def write():
         meta = dict(date=stamp, commit=args.git_commit, device=str(jax.devices()[0].device_kind),
                     jax=jax.__version__, prompts=len(ids), max_new_tokens=args.max_new_tokens,
-                    target=os.path.basename(target_dir), draft=draft_dir)
+                    target=os.path.basename(target_dir), draft=draft_dir, kinds=kinds,
+                    ngram=dataclasses.asdict(NGRAM_DEFAULTS), load_average=os.getloadavg())
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, f"tau_smollm2_{stamp}.json"), "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=2)
         temps = sorted({r["temperature"] for r in rows})
         names = list(dict.fromkeys(r["method"] for r in rows))
+        columns = [(t, k) for t in temps for k in ("",) + tuple(KINDS)]
         lines = [f"# tau on {len(ids)} held-out prompts, SmolLM2-135M-Instruct + our Domino drafter "
                  f"({meta['device']}, commit {args.git_commit}, {stamp})", "",
-                 "| method | verify width | " + " | ".join(f"tau T={t:g}" for t in temps) + " |",
-                 "|---|---|" + "---|" * len(temps)]
+                 "| method | verify width | " + " | ".join(
+                     f"tau T={t:g}" + (f" {k}" if k else "") for t, k in columns) + " |",
+                 "|---|---|" + "---|" * len(columns)]
         for n in names:
             cells = {r["temperature"]: r for r in rows if r["method"] == n}
             width = next(iter(cells.values()))["verify_width"]
             lines.append(f"| {n} | {width} | " + " | ".join(
-                f"{cells[t]['tau']:.2f}" if t in cells else "-" for t in temps) + " |")
+                f"{cells[t]['tau' + (f'_{k}' if k else '')]:.2f}" if t in cells else "-"
+                for t, k in columns) + " |")
         with open(os.path.join(args.out, f"tau_smollm2_{stamp}.md"), "w") as f:
             f.write("\n".join(lines) + "\n")
         return "\n".join(lines)
@@ -90,7 +110,8 @@ def main() -> None:
     for temp in [float(t) for t in args.temperatures.split(",")]:
         for method, options in methods:
             target, tparams, drafter, dparams = load_pair(
-                target_dir, None if method == "ar" else draft_dir, method, dtype, **options)
+                target_dir, None if method in ("ar", "ngram") else draft_dir, method, dtype,
+                **options)
             stops = stop_ids_of(tokenizer, target.config)
             config = DecodeConfig(method=method, max_new_tokens=args.max_new_tokens,
                                   sampling=SamplingConfig(temp), stop_token_ids=stops)
@@ -99,6 +120,10 @@ def main() -> None:
             name = method + (f"@{options['budget']}" if options else "")
             rows.append(dict(method=name, temperature=temp, tau=r.tau,
                              verify_width=r.verify_width, new_tokens=r.new_tokens))
+            for kind in KINDS:                       # tau over the rows of one kind
+                hist = r.accept_hist[[i for i, k in enumerate(kinds) if k == kind]].sum(0)
+                rows[-1][f"tau_{kind}"] = float((hist * np.arange(len(hist))).sum()
+                                                / max(hist.sum(), 1))
             print(f"T={temp} {name}: tau {r.tau:.2f} (verify width {r.verify_width}, "
                   f"{time.perf_counter() - t0:.0f} s)", flush=True)
             write()                                   # partial results survive a time-out

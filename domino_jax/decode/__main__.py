@@ -19,6 +19,7 @@ import os
 import sys
 
 from domino_jax.console import add_verbose_flag, setup_logging, step
+from domino_jax.decode.ngram import NGRAM_DEFAULTS, OCCURRENCES
 from domino_jax.pallas import (ATTENTION_IMPLEMENTATIONS, DEFAULT_PREFILL_CHUNK,
                                PREFILL_ATTENTION_IMPLEMENTATIONS)
 
@@ -28,14 +29,26 @@ log = logging.getLogger("domino_jax.decode")
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m domino_jax.decode",
-                                description="Lossless speculative decoding (AR, DFlash, Domino, DDTree, DominoTree).")
+                                description="Lossless speculative decoding (AR, n-gram lookup, DFlash, Domino, "
+                                "DDTree, DominoTree).")
     p.add_argument("--target", help="HF target checkpoint folder (default: the converted "
                    "SmolLM2-135M-Instruct demo model)")
     p.add_argument("--draft", help="HF DFlash/Domino draft checkpoint folder (default: the "
                    "bundled demo drafter when --target is not given)")
     p.add_argument("--method", default=None,
-                   help="ar | dflash | domino | ddtree | dominotree (default: domino when a "
-                   "drafter is given, else ar)")
+                   help="ar | ngram | dflash | domino | ddtree | dominotree (default: domino "
+                   "when a drafter is given, else ar; ngram = prompt lookup, no drafter)")
+    p.add_argument("--ngram-max", type=int, default=NGRAM_DEFAULTS.max_ngram,
+                   help="ngram: longest suffix matched against the context")
+    p.add_argument("--ngram-min", type=int, default=NGRAM_DEFAULTS.min_ngram,
+                   help="ngram: shortest suffix that may match (no match: the round verifies "
+                   "fillers)")
+    p.add_argument("--ngram-tokens", type=int, default=NGRAM_DEFAULTS.num_tokens,
+                   help="ngram: tokens proposed per round (verify width ngram-tokens+1)")
+    p.add_argument("--ngram-occurrence", choices=OCCURRENCES,
+                   default=NGRAM_DEFAULTS.occurrence,
+                   help="ngram: continue the latest (vLLM) or the first (transformers) "
+                   "earlier occurrence of the matched suffix")
     p.add_argument("--budget", type=int, default=16,
                    help="tree methods: nodes per tree, root excluded (verify width budget+1)")
     p.add_argument("--topm", type=int, default=64,
@@ -131,24 +144,30 @@ def _run(args) -> int:
     method = args.method or ("domino" if draft_dir else "ar")
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    if method != "ar" and not draft_dir:
+    if method == "ngram" and args.draft:
+        raise ValueError("--method ngram (prompt lookup) uses no drafter: drop --draft")
+    if method not in ("ar", "ngram") and not draft_dir:
         raise ValueError(f"method {method!r} needs a drafter: pass --draft DIR")
     dtype = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}.get(
         args.dtype, jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16)
     drafter_options = ({} if method in ("ar", "dflash") else
                        dict(head_topm=args.head_topm) if method == "domino" else
+                       dict(max_ngram=args.ngram_max, min_ngram=args.ngram_min,
+                            num_tokens=args.ngram_tokens, occurrence=args.ngram_occurrence)
+                       if method == "ngram" else
                        dict(budget=args.budget, topm=args.topm, node_topk=args.node_topk,
                             builder=args.tree_builder))
     if args.draft_window is not None:
-        if method == "ar":
+        if method in ("ar", "ngram"):
             raise ValueError("--draft-window sets the drafter's context window: it needs a "
-                             "drafter method, not 'ar'")
+                             f"drafter method, not {method!r}")
         drafter_options["context_window"] = args.draft_window
     prefill = PrefillConfig(chunk=args.prefill_chunk, attention=args.prefill_attention)
-    with step("loading target", target_dir, *(["+ drafter", draft_dir] if method != "ar"
+    uses_draft = method not in ("ar", "ngram")
+    with step("loading target", target_dir, *(["+ drafter", draft_dir] if uses_draft
                                                else [])):
         target, target_params, drafter, draft_params = load_pair(
-            target_dir, draft_dir if method != "ar" else None, method, dtype,
+            target_dir, draft_dir if uses_draft else None, method, dtype,
             head_input_table=args.head_input_table, attention=args.attention,
             **drafter_options)
     tokenizer = load_tokenizer(target_dir)
@@ -167,7 +186,8 @@ def _run(args) -> int:
         sampling=SamplingConfig(args.temperature, args.top_k, args.top_p),
         draft_policy=args.draft_policy, draft_temperature=args.draft_temperature,
         verify=args.verify, stop_token_ids=stop_ids, prefill=prefill)
-    print(f"[domino_jax] target={target_dir} draft={draft_dir if method != 'ar' else '-'} "
+    print(f"[domino_jax] target={target_dir} "
+          f"draft={draft_dir if method not in ('ar', 'ngram') else '-'} "
           f"method={method} T={args.temperature} backend={jax.default_backend()}",
           file=sys.stderr)
 

@@ -38,7 +38,9 @@ def load_pair(target_dir: str, draft_dir: str | None, method: str, dtype=jnp.bfl
     """``(target_module, target_params, drafter | None, draft_params | None)``.
 
     ``drafter_options`` are fields of the drafter: ``head_topm`` (Domino chain candidate pool),
-    ``budget``, ``node_topk``, ``topm``, ``builder`` (tree methods).
+    ``budget``, ``node_topk``, ``topm``, ``builder`` (tree methods), ``max_ngram``,
+    ``min_ngram``, ``num_tokens``, ``occurrence`` (``ngram``: no checkpoint; ``draft_dir`` must
+    be ``None``).
 
     ``fused`` (default): both models in the decode layout (q/k/v and gate/up kernels
     concatenated, :mod:`domino_jax.models.fused_layout`); ``False`` keeps the checkpoint's
@@ -63,6 +65,9 @@ def load_pair(target_dir: str, draft_dir: str | None, method: str, dtype=jnp.bfl
     from domino_jax.models.qwen3 import TargetLM
 
     check_attention_implementation(attention)
+    if method == "ngram" and draft_dir is not None:
+        raise ValueError(f"method 'ngram' (prompt lookup) uses no drafter; got draft "
+                         f"{draft_dir!r}")
     target_config = TargetConfig.from_path(target_dir)
     drafter = draft_params = None
     if draft_dir is not None:
@@ -80,6 +85,10 @@ def load_pair(target_dir: str, draft_dir: str | None, method: str, dtype=jnp.bfl
         draft_config, draft_params = draft_decode_layout(
             draft_config, draft_params, target_params, method, fused, head_input_table)
         drafter = make_drafter(draft_config, target, method, **drafter_options)
+    elif method == "ngram":
+        from domino_jax.decode.ngram import NgramDrafter
+
+        drafter = NgramDrafter(**drafter_options)
     return target, target_params, drafter, draft_params
 
 

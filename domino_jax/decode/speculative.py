@@ -2,7 +2,9 @@
 
     result = generate(target, drafter, prompts, DecodeConfig(method="domino", ...))
 
-Methods: ``ar`` (no drafter: the chain with zero drafts), ``dflash`` and ``domino`` (a
+Methods: ``ar`` (no drafter: the chain with zero drafts), ``ngram`` (prompt lookup:
+:class:`~domino_jax.decode.ngram.NgramDrafter` proposes K tokens from the row's own context,
+no model), ``dflash`` and ``domino`` (a
 :class:`~domino_jax.decode.drafters.Drafter` proposes K tokens per round). Two jitted
 calls: :func:`prefill` (target over the prompt, first token, draft context) and
 :func:`decode_rounds` (a ``lax.while_loop`` of rounds until every row is done or a round
@@ -42,7 +44,7 @@ from domino_jax.decode.verify import verify_match, verify_rejection
 from domino_jax.kv_cache import KVCache, align_slots
 from domino_jax.models.qwen3 import TargetLM
 
-METHODS = ("ar", "dflash", "domino", "ddtree", "dominotree")
+METHODS = ("ar", "ngram", "dflash", "domino", "ddtree", "dominotree")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +74,9 @@ class DecodeConfig:
                              "'rejection'")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.method == "ngram" and self.draft_policy != "greedy":
+            raise ValueError("method 'ngram' drafts deterministically (prompt lookup): "
+                             "draft_policy must be 'greedy'")
         if self.draft_policy == "sample" and self.draft_temperature <= 0:
             raise ValueError("draft_policy='sample' needs draft_temperature > 0")
 
@@ -89,6 +94,8 @@ class DecodeState:
     key: jax.Array
     rounds: jax.Array            # [B] rounds run while the row was live
     accept_hist: jax.Array       # [B, W + 1] histogram of tokens committed per round
+    history: jax.Array | None = None  # [B, C] prompt + committed tokens by position, the root
+    #   at target_cache.lengths (valid through it); only for drafters that read it (ngram)
 
 
 @dataclasses.dataclass
@@ -149,9 +156,13 @@ def prefill(target: TargetLM, drafter, config: DecodeConfig, target_params, draf
     done = (_first_stop(first[:, None], num_out, config.stop_token_ids) == 0)
     done |= config.max_new_tokens <= 1
     context = jnp.zeros((batch, width, filled.feature_dim), target.dtype)
+    history = None
+    if getattr(drafter, "reads_history", False):
+        history = jnp.zeros((batch, capacity), jnp.int32).at[:, :prompt_width].set(prompt)
+        history = _write_rows(history, cache.lengths, first[:, None])
     return DecodeState(out_tokens, num_out, done, first, cache, draft_cache, context,
                        jnp.zeros((batch,), jnp.int32), key, jnp.zeros((batch,), jnp.int32),
-                       jnp.zeros((batch, width + 1), jnp.int32))
+                       jnp.zeros((batch, width + 1), jnp.int32), history)
 
 
 class RoundOutcome(NamedTuple):
@@ -173,9 +184,10 @@ def _chain_outcome(target: TargetLM, drafter, config: DecodeConfig, target_param
     batch = state.root.shape[0]
     start = state.target_cache.lengths                                   # position of the root
     if drafter is not None:
+        history = dict(history=state.history) if state.history is not None else {}
         drafts, draft_log_probs, draft_cache = drafter.propose(
             target_params, draft_params, state.root, start, state.context, state.context_len,
-            state.draft_cache, draft_key, config)
+            state.draft_cache, draft_key, config, **history)
         tap_ids = drafter.tap_ids
     else:
         drafts = jnp.zeros((batch, 0), jnp.int32)
@@ -234,9 +246,13 @@ def _commit(config: DecodeConfig, state: DecodeState, outcome: RoundOutcome,
         context, context_len = state.context, state.context_len
     hist = state.accept_hist + jax.nn.one_hot(count, state.accept_hist.shape[1],
                                               dtype=jnp.int32) * live[:, None]
+    history = state.history
+    if history is not None:                  # committed tokens follow the root's position
+        history = jnp.where(live[:, None], _write_rows(
+            history, state.target_cache.lengths + 1, committed), history)
     return DecodeState(out_tokens, num_out, done, jnp.where(live, outcome.bonus, state.root),
                        target_cache, outcome.draft_cache, context, context_len, key,
-                       state.rounds + live.astype(jnp.int32), hist)
+                       state.rounds + live.astype(jnp.int32), hist, history)
 
 
 def decode_rounds(target: TargetLM, drafter, config: DecodeConfig, target_params, draft_params,
