@@ -227,6 +227,21 @@ def test_resume_refuses_changed_settings(runs, target_params, caplog):
     assert "batches from here on differ" in caplog.text        # data appended: allowed
 
 
+def test_training_bar_shows_the_last_heldout_tau(runs, target_params, monkeypatch):
+    """Every logged step's bar postfix carries the latest held-out tau (issue 22)."""
+    from domino_jax.train import loop
+    from domino_jax.train.evaluate import best_metric
+
+    seen = []
+    real = loop.train_postfix
+    monkeypatch.setattr(loop, "train_postfix",
+                        lambda m, tau=None: seen.append((m["step"], tau)) or real(m, tau))
+    result = run(runs["tmp"] / "bar", target_params, CFG, eval_config=runs["ev"], stop_after=4)
+    by_step = {p["step"]: best_metric(p["tau"], result.draft_config) for p in result.curve}
+    assert [s for s, _ in seen] == [1, 2, 3, 4]
+    assert [t for _, t in seen] == [by_step[0]] * 3 + [by_step[3]], (seen, by_step)
+
+
 def test_curve_and_checkpoints_kept(runs):
     full, tmp = runs["full"], runs["tmp"]
     curve = read_curve(str(tmp / "full"))

@@ -18,6 +18,7 @@ from domino_jax.decode import speculative
 from domino_jax.decode.sampling import SamplingConfig
 from domino_jax.decode.speculative import DecodeConfig, generate
 from domino_jax.decode.tree_drafter import TreeDrafter, walk_tree
+from domino_jax.models.qwen3 import new_cache
 
 RAGGED = [[3, 4, 5], [7, 1, 2, 9, 10, 6], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]]
 PI = permutation(32, seed=0)
@@ -123,7 +124,7 @@ def test_tree_commit_cache_equals_sequential_decoding():
     for b, p in enumerate(RAGGED):
         n = int(lengths[b])
         seq = (list(p) + out[b].tolist())[:n]      # committed tokens in the cache
-        fresh = speculative.new_cache(target.config, 1, capacity, target.dtype)
+        fresh = new_cache(target.config, 1, capacity, target.dtype)
         ref = target.apply({"params": params}, jnp.asarray([seq], jnp.int32),
                            jnp.arange(n)[None], cache=fresh)
         np.testing.assert_allclose(np.asarray(state.target_cache.keys[:, b, :n]),

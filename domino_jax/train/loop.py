@@ -323,7 +323,7 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
 
     def curve_point(step: int) -> dict:
         """Evaluate the current params on the held-out prompts; append, write, plot."""
-        nonlocal best_tau
+        nonlocal best_tau, last_tau
         t_eval = time.perf_counter()
         taus = evaluator(state.params)
         loss, acc = window.take()
@@ -332,7 +332,7 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
         curve.append(point)
         write_curve(out_dir, curve)
         plot_run(out_dir)
-        score = best_metric(taus, config)
+        score = last_tau = best_metric(taus, config)
         log.info("step %d: held-out tau %s", step, {m: round(t["all"], 3)
                                                    for m, t in taus.items()})
         if best_manager is not None and score > best_tau:
@@ -340,6 +340,9 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
             save_checkpoint(best_manager, state, dict(run_meta(step), best_tau=score))
         return point
 
+    # the training bar shows the last held-out tau (the drafter's own method, pooled)
+    last_tau = next((best_metric(p["tau"], config) for p in reversed(curve) if p.get("tau")),
+                    None)
     if evaluator is not None and eval_config.at_start and start == 0:
         curve_point(0)
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress,
@@ -369,7 +372,7 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
             history.append(m)
             metrics_file.write(json.dumps(m) + "\n")
             metrics_file.flush()
-            bar.set_postfix(train_postfix(m))
+            bar.set_postfix(train_postfix(m, last_tau))
             window_t, window_tokens, window_steps = time.perf_counter(), 0.0, 0
         if evaluator is not None and (last or (eval_config.every and
                                                step % eval_config.every == 0)):
