@@ -115,7 +115,7 @@ def test_attend_switch():
     q, k, v, visible = _inputs((1, 2, 64, 4, 2, 16), jnp.float32, seed=2)
     xla = attend(q, k, v, visible)
     assert set(ATTENTION_IMPLEMENTATIONS) == {"auto", "xla", "reference", "pallas",
-                                              "pallas_interpret"}
+                                              "pallas_interpret", "blockwise", "cudnn"}
     np.testing.assert_array_equal(attend(q, k, v, visible, "auto"), xla)   # CPU: XLA path
     np.testing.assert_allclose(attend(q, k, v, visible, "reference"), xla, atol=ATOL)
     np.testing.assert_allclose(attend(q, k, v, visible, "pallas_interpret"), xla, atol=ATOL)
