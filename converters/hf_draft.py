@@ -4,6 +4,9 @@
     params["backbone"]   # DFlashBackbone params (models/dflash.py)
     params["head"]       # Domino head params (models/domino_head.py), Domino only
     export_draft(config, params, "out_folder")       # exact round trip, released format
+    cast_draft("run/draft", "shipped", "bfloat16")    # a float32 export as the released bf16
+
+    python -m converters.hf_draft cast SRC DST [--dtype bfloat16]
 
 HF keys carry no ``model.`` prefix (``fc.weight``, ``layers.0.self_attn.q_proj.weight``);
 a ``model.`` prefix is accepted on import. The drafter has no embedding / LM head (it
@@ -96,3 +99,57 @@ def export_draft(config: DraftConfig, params: dict, path: str) -> None:
     write_tensors(tensors, path)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config.to_hf_dict(), f, indent=2)
+
+
+CAST_DTYPES = ("bfloat16", "float32")
+
+
+def cast_draft(src: str, dst: str, dtype: str = "bfloat16") -> None:
+    """Copy the drafter folder ``src`` to ``dst`` with its floating tensors cast to ``dtype``.
+
+    Training exports float32 (exact, resumable); the released drafters ship in bf16, half the
+    bytes, and load identically in any compute dtype (bf16 values are exact in float32). The
+    config's ``torch_dtype`` is set to ``dtype``; every tensor name and shape is kept. The
+    folder is checked with :func:`load_draft` before and after, so a broken ``src`` is named.
+    """
+    import ml_dtypes
+    from safetensors.numpy import load_file
+
+    if dtype not in CAST_DTYPES:
+        raise ValueError(f"cast_draft: dtype {dtype!r} is not one of {CAST_DTYPES}")
+    load_draft(src, jnp.float32)                         # names the file/key if src is broken
+    target = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32
+    tensors = load_file(os.path.join(src, "model.safetensors"))
+    cast = {k: v.astype(target) if np.issubdtype(v.dtype, np.floating) or v.dtype == ml_dtypes.bfloat16
+            else v for k, v in tensors.items()}
+    write_tensors(cast, dst)
+    with open(os.path.join(src, "config.json")) as f:
+        raw = json.load(f)
+    raw["torch_dtype"] = dtype
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump(raw, f, indent=2)
+    load_draft(dst, jnp.float32)
+
+
+def _main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m converters.hf_draft",
+                                     description="drafter checkpoint tools")
+    sub = parser.add_subparsers(dest="command", required=True)
+    cast = sub.add_parser("cast", help="copy a drafter folder with its tensors cast to --dtype")
+    cast.add_argument("src")
+    cast.add_argument("dst")
+    cast.add_argument("--dtype", default="bfloat16", choices=CAST_DTYPES)
+    args = parser.parse_args(argv)
+    try:
+        cast_draft(args.src, args.dst, args.dtype)
+    except (CheckpointError, OSError, ValueError) as e:
+        print(f"error: {e}")
+        return 2
+    print(f"wrote {args.dst} ({args.dtype})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
