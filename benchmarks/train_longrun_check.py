@@ -59,6 +59,7 @@ def main() -> None:
     from domino_jax.train.evaluate import EvalConfig
     from domino_jax.train.loop import train
 
+    commit = git_commit()                       # the code that runs (read before it runs)
     shutil.rmtree(args.work, ignore_errors=True)
     w = lambda *names: os.path.join(args.work, *names)
     seconds = {}
@@ -104,7 +105,7 @@ def main() -> None:
                      os.walk(w("full", "checkpoints", step_dir)) for f in fs)
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M%S")
     result = dict(
-        date=stamp, commit=git_commit(), device=str(jax.devices()[0].device_kind),
+        date=stamp, commit=commit, device=str(jax.devices()[0].device_kind),
         jax=jax.__version__, steps=args.steps,
         identical_draft_sha256=digest["full"] == digest["resumed"], draft_sha256=digest,
         identical_curve=strip(full.curve) == strip(resumed.curve), curve=full.curve,
