@@ -20,6 +20,8 @@ import sys
 from typing import Sequence
 
 from domino_jax.console import add_verbose_flag, setup_logging
+from domino_jax.train.distributed import (DEFAULT_HEARTBEAT_SECONDS, DISTRIBUTED_MODES,
+                                          DistributedConfig)
 from domino_jax.train.config import (DRAFTERS, INIT_FROM_TARGET, LABEL_MODES,
                                      POSITION_WEIGHTS, TrainConfig)
 
@@ -66,6 +68,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shard-drafter", action="store_true", help="fsdp-shard drafter params")
     p.add_argument("--peak-flops", type=float, default=989e12, help="per device, for MFU")
     p.add_argument("--resume", action="store_true")
+    # multi-process (multi-host) runs: README "Training on several hosts"
+    p.add_argument("--distributed", choices=DISTRIBUTED_MODES, default="auto",
+                   help="start jax.distributed (one process per host): 'auto' (default) when "
+                        "a flag below is given or the environment is a multi-process launch "
+                        "(JAX_COORDINATOR_ADDRESS, SLURM / Open MPI with > 1 task, a multi-"
+                        "host TPU slice); 'on': always (jax detects the cluster); 'off'")
+    p.add_argument("--coordinator-address", default=None, metavar="HOST:PORT",
+                   help="process 0's address, the same on every process")
+    p.add_argument("--num-processes", type=int, default=None)
+    p.add_argument("--process-id", type=int, default=None, help="0 .. num-processes - 1")
+    p.add_argument("--heartbeat-timeout", type=int, default=DEFAULT_HEARTBEAT_SECONDS,
+                   metavar="SECONDS", help="a process silent this long counts as dead: the "
+                   "others exit with an error")
     # recipe options (train/README.md "Recipe options")
     p.add_argument("--labels", choices=LABEL_MODES, default="hard",
                    help="hard: CE on the data's tokens; soft: KL(target || draft) to the "
@@ -165,9 +180,35 @@ def with_recipe_options(cfg: TrainConfig, args: argparse.Namespace) -> TrainConf
                                learned_mask=args.learned_mask, init_draft=args.init_draft)
 
 
+def start_distributed(args: argparse.Namespace) -> bool:
+    """``jax.distributed.initialize`` from the flags / environment (before any backend is
+    used; bad flags exit 2); returns whether this is process 0. Other processes log only
+    warnings."""
+    import logging
+
+    import jax
+
+    from domino_jax.console import OUR_LOGGERS
+    from domino_jax.train.distributed import initialize, is_primary
+
+    try:
+        initialize(DistributedConfig(args.distributed, args.coordinator_address,
+                                     args.num_processes, args.process_id,
+                                     args.heartbeat_timeout))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2)
+    if not is_primary():
+        logging.getLogger().setLevel(logging.WARNING)
+        for name in OUR_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
+    return is_primary()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     setup_logging(args.verbose, fmt="%(asctime)s %(message)s")
+    primary = start_distributed(args)
     data, fsdp, tensor = (int(x) for x in args.mesh.split(","))
     cfg = TrainConfig(drafter=args.drafter, steps=args.steps, batch_size=args.batch_size,
                       micro_batches=args.micro_batches, max_length=args.max_length,
@@ -202,6 +243,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     except RunError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
+    if not primary:
+        return
     last = result.history[-1] if result.history else {}
     print(json.dumps({"drafter": cfg.drafter, "steps": cfg.steps, "seconds": round(result.seconds, 1),
                       "final_loss": last.get("loss"), "acc": last.get("acc"),

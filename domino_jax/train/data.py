@@ -277,28 +277,37 @@ def filter_examples(examples: Sequence[dict], min_loss_tokens: int, max_length: 
 # ----------------------------------------------------------------------------- batches
 
 def batch_for_step(examples: Sequence[dict], step: int, batch_size: int, micro_batches: int,
-                   max_length: int, seed: int = 0, pad_id: int = 0) -> dict:
+                   max_length: int, seed: int = 0, pad_id: int = 0,
+                   rows: tuple[int, int] | None = None) -> dict:
     """The batch of optimizer step ``step`` (0-based): ``{"input_ids", "loss_mask"}`` int32
     ``[micro_batches, batch_size // micro_batches, max_length]`` (right-padded with
     ``pad_id`` / mask 0, truncated at ``max_length``). Sample ``i = step * batch_size + r``
     is example ``perm_e[i % n]`` with ``e = i // n`` and ``perm_e`` a permutation seeded by
-    ``(seed, e)``."""
+    ``(seed, e)``; row ``r`` of the flat batch is row ``r % (batch_size // micro_batches)``
+    of micro-batch ``r // (batch_size // micro_batches)``.
+
+    ``rows = (start, stop)``: only those rows of every micro-batch (shape ``[micro_batches,
+    stop - start, max_length]``, the same values as that slice of the whole batch; only
+    their examples are read): one process's part of a multi-process global batch."""
     n = len(examples)
     if n == 0:
         raise ValueError("no training examples")
-    ids = np.full((batch_size, max_length), pad_id, np.int32)
-    mask = np.zeros((batch_size, max_length), np.int32)
+    per_micro = batch_size // micro_batches
+    start, stop = (0, per_micro) if rows is None else rows
+    flat = [m * per_micro + j for m in range(micro_batches) for j in range(start, stop)]
+    ids = np.full((len(flat), max_length), pad_id, np.int32)
+    mask = np.zeros((len(flat), max_length), np.int32)
     perms: dict[int, np.ndarray] = {}
-    for r in range(batch_size):
+    for out, r in enumerate(flat):
         i = step * batch_size + r
         epoch = i // n
         if epoch not in perms:
             perms[epoch] = np.random.default_rng([seed, epoch]).permutation(n)
         ex = examples[int(perms[epoch][i % n])]
         length = min(len(ex["input_ids"]), max_length)
-        ids[r, :length] = ex["input_ids"][:length]
-        mask[r, :length] = ex["loss_mask"][:length]
-    shape = (micro_batches, batch_size // micro_batches, max_length)
+        ids[out, :length] = ex["input_ids"][:length]
+        mask[out, :length] = ex["loss_mask"][:length]
+    shape = (micro_batches, stop - start, max_length)
     return {"input_ids": ids.reshape(shape), "loss_mask": mask.reshape(shape)}
 
 

@@ -45,11 +45,12 @@ from domino_jax.train.checkpoints import (BEST, CHECKPOINTS, RESUMABLE_CHANGES,
                                           restore_checkpoint, save_checkpoint)
 from domino_jax.train.config import TrainConfig, make_draft_config, resolve_mask_token_id
 from domino_jax.train.curve import plot_run, read_curve, write_curve
+from domino_jax.train.distributed import check_process_count, is_primary, step_batch, to_host
 from domino_jax.train.evaluate import (EvalConfig, HeldoutEvaluator, best_metric,
                                        default_methods, encode_prompts, read_eval_prompts)
 from domino_jax.train.loss import init_draft_params
 from domino_jax.train.step import (init_state, make_lr, make_train_mesh, make_train_step,
-                                   model_flops, place, shard_batch, compile_step)
+                                   model_flops, place, compile_step)
 
 log = logging.getLogger(__name__)
 MASK_EMBEDDING = "mask_embedding"
@@ -249,8 +250,17 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
         source_ckpt, source_run = resolve_checkpoint_dir(resume_from)
     elif resume:
         source_ckpt, source_run = os.path.join(out_dir, CHECKPOINTS), out_dir
+    multi = jax.process_count() > 1
+    if multi and eval_config is not None and eval_config.prompts:
+        raise RunError("held-out evaluation (--eval-prompts, --keep-best) runs on one "
+                       f"process; this run has {jax.process_count()}: evaluate draft/ or "
+                       "the checkpoints afterwards")
     if source_ckpt is not None and has_checkpoint(source_ckpt):
         check_resume_settings(source_run, settings, len(examples))
+        saved_config = os.path.join(source_run or "", TRAIN_CONFIG)
+        if source_run is not None and os.path.isfile(saved_config):
+            with open(saved_config) as f:
+                check_process_count(json.load(f).get("num_processes", 1), saved_config)
     os.makedirs(out_dir, exist_ok=True)
 
     if cfg.init_draft is not None:
@@ -258,6 +268,10 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
     else:
         params = init_draft_params(config, jax.random.PRNGKey(cfg.seed), cfg.learned_mask,
                                    target_params, cfg.init_from_target)
+    if multi and cfg.mesh_data * cfg.mesh_fsdp * cfg.mesh_tensor != jax.device_count():
+        raise RunError(f"--mesh {cfg.mesh_data},{cfg.mesh_fsdp},{cfg.mesh_tensor} must span "
+                       f"all {jax.device_count()} devices of the {jax.process_count()} "
+                       "processes")
     mesh = make_train_mesh(cfg)
     state, target_params, s_shard, t_shard = place(cfg, mesh, init_state(cfg, params),
                                                    target_params, target.config)
@@ -266,21 +280,24 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
         restored = restore_checkpoint(checkpoint_manager(source_ckpt, None), state)
         if restored is not None:
             state, meta = restored
+            check_process_count(meta.get("num_processes"), source_ckpt)
             log.info("resumed from %s at step %d", source_ckpt, int(state.step))
     if source_ckpt is not None and not meta and int(state.step) == 0:
         if resume_from is not None:
             raise RunError(f"--resume-from {resume_from!r}: no checkpoint to resume from")
         log.warning("--resume: no checkpoint in %s; starting a fresh run", source_ckpt)
     start = int(state.step)
-    with open(os.path.join(out_dir, TRAIN_CONFIG), "w") as f:
-        json.dump(dict(settings, examples=len(examples)), f, indent=2)
+    if is_primary():
+        with open(os.path.join(out_dir, TRAIN_CONFIG), "w") as f:
+            json.dump(dict(settings, examples=len(examples),
+                           num_processes=jax.process_count()), f, indent=2)
     manager = checkpoint_manager(os.path.join(out_dir, CHECKPOINTS), keep_checkpoints)
     best_manager = checkpoint_manager(os.path.join(out_dir, BEST), 1) if keep_best else None
     continued = start > 0 and source_run is not None     # history up to ``start`` carries on
     metrics_rows = read_jsonl_until(os.path.join(source_run, "metrics.jsonl"), start) \
         if continued else []
     curve = [p for p in read_curve(source_run) if p["step"] <= start] if continued else []
-    if continued:
+    if continued and is_primary():
         write_curve(out_dir, curve)                         # points after ``start`` are gone
     evaluator = None
     if eval_config is not None and eval_config.prompts:
@@ -291,18 +308,20 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
     seq_len = cfg.max_length
     flops_model = model_flops(cfg, config, target.config, seq_len)
     n_dev = mesh.devices.size
-    with open(os.path.join(out_dir, "metrics.jsonl"), "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in metrics_rows)
-    metrics_file = open(os.path.join(out_dir, "metrics.jsonl"), "a")
+    metrics_file = None                                     # process 0 writes the files
+    if is_primary():
+        with open(os.path.join(out_dir, "metrics.jsonl"), "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in metrics_rows)
+        metrics_file = open(os.path.join(out_dir, "metrics.jsonl"), "a")
     history: list[dict] = []
     t_start = time.perf_counter()
     wall_base = float(meta.get("wall_seconds", 0.0))
     tokens_seen = int(meta.get("tokens_seen", 0))
     run_meta = lambda step: {"step": step, "tokens_seen": tokens_seen,
                              "examples_seen": step * cfg.batch_size,
-                             "wall_seconds": wall_base + time.perf_counter() - t_start}
-    first = data_lib.batch_for_step(examples, start, cfg.batch_size, cfg.micro_batches,
-                                    cfg.max_length, cfg.seed)
+                             "wall_seconds": wall_base + time.perf_counter() - t_start,
+                             "num_processes": jax.process_count()}
+    first, first_tokens = step_batch(examples, start, cfg, mesh)
     t0 = time.perf_counter()
     # the step does not read the cadence settings: runs differing only there share a program
     step_cfg = dataclasses.replace(cfg, **{k: getattr(TrainConfig, k) for k in RESUMABLE_CHANGES})
@@ -314,7 +333,7 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
         log.info("compiling the %s train step (batch %d x %d tokens) ...", cfg.drafter,
                  cfg.batch_size, cfg.max_length)
         step_fn = make_train_step(step_cfg, config, target, mesh, s_shard, t_shard)
-        _COMPILED[cache_key] = compile_step(step_fn, state, shard_batch(first, mesh),
+        _COMPILED[cache_key] = compile_step(step_fn, state, first,
                                             target_params)
         log.info("compiled the train step in %.1f s", time.perf_counter() - t0)
     step_fn, flops_xla = _COMPILED.get(cache_key, (None, 0.0))
@@ -345,21 +364,35 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
                     None)
     if evaluator is not None and eval_config.at_start and start == 0:
         curve_point(0)
-    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress,
+    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not (progress and is_primary()),
                desc=f"train {cfg.drafter}")
     window_t, window_tokens, window_steps = time.perf_counter(), 0.0, 0
+    pending_tokens: list = []           # multi-process: global token counts, device scalars
+
+    def fold_tokens() -> None:
+        nonlocal tokens_seen, window_tokens
+        for count in jax.device_get(pending_tokens):
+            tokens_seen += int(count)
+            window_tokens += float(count)
+        pending_tokens.clear()
+
     for i in bar:
-        batch = first if i == start else data_lib.batch_for_step(
-            examples, i, cfg.batch_size, cfg.micro_batches, cfg.max_length, cfg.seed)
-        state, metrics = step_fn(state, shard_batch(batch, mesh), target_params)
+        batch, batch_tokens = (first, first_tokens) if i == start else step_batch(
+            examples, i, cfg, mesh)
+        state, metrics = step_fn(state, batch, target_params)
         if evaluator is not None:
             window.add(metrics)
-        batch_tokens = int(np.count_nonzero(batch["loss_mask"]))
-        tokens_seen += batch_tokens
+        if multi:           # this process saw only its rows: count the global batch's
+            pending_tokens.append(metrics["tokens"])
+        else:
+            tokens_seen += batch_tokens
+            window_tokens += batch_tokens
         window_steps += 1
-        window_tokens += batch_tokens
         step = i + 1
         last = step == cfg.steps
+        if step % cfg.log_every == 0 or last or step == start + 1 or \
+                step % cfg.checkpoint_every == 0:
+            fold_tokens()
         if step % cfg.log_every == 0 or last or step == start + 1:
             m = summarise(jax.device_get(metrics))
             elapsed = time.perf_counter() - window_t
@@ -370,8 +403,9 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
                      mfu=flops_model / max(step_time, 1e-9) / (cfg.peak_flops * n_dev),
                      compile_seconds=compile_seconds, tokens_seen=tokens_seen)
             history.append(m)
-            metrics_file.write(json.dumps(m) + "\n")
-            metrics_file.flush()
+            if metrics_file is not None:
+                metrics_file.write(json.dumps(m) + "\n")
+                metrics_file.flush()
             bar.set_postfix(train_postfix(m, last_tau))
             window_t, window_tokens, window_steps = time.perf_counter(), 0.0, 0
         if evaluator is not None and (last or (eval_config.every and
@@ -382,10 +416,11 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
             save_checkpoint(manager, state, dict(run_meta(step), window=window.sums()))
         if stop_after is not None and step >= stop_after:
             break
-    metrics_file.close()
-    host_state = jax.device_get(state)
+    if metrics_file is not None:
+        metrics_file.close()
+    host_state = to_host(state)
     export_dir = None
-    if export:
+    if export and is_primary():
         export_dir = os.path.join(out_dir, "draft")
         export_trained_draft(config, host_state.params, export_dir)
         if best_manager is not None and best_manager.latest_step() is not None:
