@@ -186,8 +186,6 @@ def start_distributed(args: argparse.Namespace) -> bool:
     warnings."""
     import logging
 
-    import jax
-
     from domino_jax.console import OUR_LOGGERS
     from domino_jax.train.distributed import initialize, is_primary
 

@@ -1,0 +1,162 @@
+"""Multi-process training without a cluster: local CPU processes joined by jax.distributed.
+
+Each process is a fresh interpreter (``XLA_FLAGS`` and ``jax.distributed`` must precede
+any backend) with 2 simulated CPU devices; the mesh ``(data 1, fsdp 2, tensor 2)`` puts
+``fsdp`` across the 2 processes (drafter params and optimizer state fsdp-sharded across
+processes, the batch split by process) and ``tensor`` inside each. The reference is one
+process with 4 simulated devices and the same mesh and global batches.
+
+* two processes: per-step losses equal the one-process run's (float32), each process
+  built only its rows;
+* a fault: process 1 dies (SIGKILL) after step 3; process 0 exits non-zero with jax's
+  "another task died" / collective error within a bounded time (no hang);
+* the relaunched pair resumes from the last complete checkpoint (step 2) and ends with
+  the steps 1..6 once each, losses again equal to the one-process run's;
+* resuming that run with one process fails naming both process counts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS, CHECKPOINT_EVERY, DIE_AFTER = 6, 2, 3
+FAULT_BOUND_S = 60          # the survivor must be gone within this after the kill
+
+
+def child(out: str, num_processes: int, process_id: int, port: int, resume: bool,
+          die_after: int) -> None:
+    """One training process (run via ``python -c``): tiny target + DFlash drafter."""
+    from domino_jax.train.distributed import DistributedConfig, initialize
+
+    if num_processes > 1:
+        initialize(DistributedConfig("on", f"localhost:{port}", num_processes, process_id,
+                                     heartbeat_timeout_seconds=5,
+                                     initialization_timeout_seconds=60))
+    import jax
+
+    jax.config.update("jax_default_matmul_precision", "highest")
+    from domino_jax.models.qwen3 import TargetLM, init_params
+    from domino_jax.train import loop
+    from domino_jax.train.config import TrainConfig
+    from tests.test_train import SMALL, TARGET, synthetic_examples
+
+    cfg = TrainConfig(drafter="dflash", steps=STEPS, batch_size=8, micro_batches=2,
+                      max_length=48, num_anchors=8, compute_dtype="float32",
+                      checkpoint_every=CHECKPOINT_EVERY, log_every=1, mesh_data=1,
+                      mesh_fsdp=2, mesh_tensor=2, shard_drafter=True)
+    if die_after:         # a crash as the batch of step die_after + 1 is built: no goodbye
+        build = loop.step_batch
+
+        def step_batch(examples, step, *rest):
+            if step == die_after:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return build(examples, step, *rest)
+        loop.step_batch = step_batch
+    result = loop.train(cfg, None, None, out, **SMALL, mask_token_id=63, resume=resume,
+                   examples=synthetic_examples(24), target=TargetLM(TARGET),
+                   target_params=init_params(TARGET, jax.random.PRNGKey(0)), export=False,
+                   progress=False)
+    print("FINAL_STEP", int(result.state.step), flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def launch(out, num_processes: int, resume: bool = False, die: dict | None = None,
+           devices: int = 2) -> list[subprocess.Popen]:
+    """Start the processes of one run (``die``: ``{process_id: step}`` to crash after)."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    port = free_port()
+    procs = []
+    for pid in range(num_processes):
+        code = (f"import tests.test_train_multiprocess as t; t.child({str(out)!r}, "
+                f"{num_processes}, {pid}, {port}, {resume}, {(die or {}).get(pid, 0)})")
+        procs.append(subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    return procs
+
+
+def finish(procs, timeout: float = 240) -> list[tuple[int, str]]:
+    out = []
+    for p in procs:
+        try:
+            text, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            text, _ = p.communicate()
+            raise AssertionError(f"process timed out:\n{text[-3000:]}")
+        out.append((p.returncode, text))
+    return out
+
+
+def losses(run_dir) -> dict[int, float]:
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    steps = [r["step"] for r in rows]
+    assert steps == sorted(set(steps)), f"steps repeated or out of order: {steps}"
+    return {r["step"]: r["loss"] for r in rows}
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one_survive_a_crash_and_resume(tmp_path):
+    t0 = time.perf_counter()
+    single = launch(tmp_path / "single", 1, devices=4)
+    pair = launch(tmp_path / "pair", 2, die={1: DIE_AFTER})
+    (rc, text), = finish(single)
+    assert rc == 0 and f"FINAL_STEP {STEPS}" in text, text[-3000:]
+    reference = losses(tmp_path / "single")
+    assert sorted(reference) == list(range(1, STEPS + 1))
+
+    # the crash: process 1 is gone after step 3; process 0 must not hang
+    killed_at = None
+    deadline = time.perf_counter() + 240
+    while pair[1].poll() is None and time.perf_counter() < deadline:
+        time.sleep(0.2)
+    killed_at = time.perf_counter()
+    (rc0, text0), (rc1, _) = finish(pair, timeout=FAULT_BOUND_S)
+    waited = time.perf_counter() - killed_at
+    assert rc1 == -signal.SIGKILL
+    assert rc0 != 0 and "FINAL_STEP" not in text0, text0[-3000:]
+    assert waited < FAULT_BOUND_S
+    assert any(s in text0 for s in ("another task died", "Gloo", "unhealthy",
+                                    "heartbeat")), text0[-3000:]
+    before = losses(tmp_path / "pair")
+    assert set(before) >= {1, 2}
+    for step, loss in before.items():
+        assert loss == pytest.approx(reference[step], rel=1e-5, abs=1e-6), (step, before)
+
+    # the relaunch resumes from the last complete checkpoint (step 2), nothing lost or redone
+    results = finish(launch(tmp_path / "pair", 2, resume=True))
+    for rc, text in results:
+        assert rc == 0 and f"FINAL_STEP {STEPS}" in text, text[-3000:]
+    after = losses(tmp_path / "pair")
+    assert sorted(after) == list(range(1, STEPS + 1))
+    for step in after:
+        assert after[step] == pytest.approx(reference[step], rel=1e-5, abs=1e-6), (step, after)
+    with open(tmp_path / "pair" / "train_config.json") as f:
+        assert json.load(f)["num_processes"] == 2
+
+    # one process cannot resume a two-process run
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
+               XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    code = (f"import tests.test_train_multiprocess as t; t.child({str(tmp_path / 'pair')!r}, "
+            "1, 0, 0, True, 0)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, text=True,
+                          capture_output=True, timeout=120)
+    assert proc.returncode != 0
+    assert "written by 2 process(es), this run has 1" in proc.stderr, proc.stderr[-3000:]
+    print(f"multi-process test: {time.perf_counter() - t0:.1f} s")
