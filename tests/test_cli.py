@@ -71,3 +71,12 @@ def test_attention_flag_reaches_load_pair(monkeypatch, capsys):
         main(["--target", target, "--attention", "flash"])
     assert stop.value.code == 2
     assert "invalid choice: 'flash'" in capsys.readouterr().err
+
+
+def test_tensor_parallel_beyond_the_devices(capsys):
+    import jax
+
+    target = os.path.join(FIX, "dflash", "target")
+    n = jax.device_count() + 1
+    assert main(["--target", target, "--tensor-parallel", str(n)]) == 2
+    assert f"--tensor-parallel {n} exceeds the {n - 1} available" in capsys.readouterr().err

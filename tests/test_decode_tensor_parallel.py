@@ -62,6 +62,19 @@ def child() -> None:
             got = run(method, tp, dp, mesh)
             assert got == single[method], (n, method, got, single[method])
         print(f"TP{n}_OK")
+    # the CLI: 4 does not divide the fixture drafter's 2 kv heads (before any weights load)
+    import contextlib
+    import io
+
+    from domino_jax.decode.__main__ import main
+
+    fixture = os.path.join(ROOT, "tests", "fixtures", "reference", "domino_shift")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["--target", os.path.join(fixture, "target"), "--draft",
+                     os.path.join(fixture, "draft"), "--tensor-parallel", "4"])
+    assert code == 2 and "--tensor-parallel 4 does not divide the target's num_kv_heads 2" \
+        in err.getvalue(), err.getvalue()
     print("TENSOR_PARALLEL_OK")
 
 

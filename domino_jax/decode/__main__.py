@@ -85,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tree-builder", default="frontier", choices=("frontier", "heap"),
                    help="tree methods: 'frontier' (one batched step per depth, default) or "
                         "'heap' (one pop per node); both build the same tree")
+    p.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                   help="split the target and the drafter over N devices (attention heads, "
+                        "MLP columns, vocabulary; N must divide the head counts); loads the "
+                        "checkpoint layout (no fused projections)")
     p.add_argument("--prompt", action="append",
                    help="a prompt (repeat for a batch); default: a built-in question")
     p.add_argument("--prompt-file", help="a text file, one prompt per non-empty line (a batch)")
@@ -164,12 +168,20 @@ def _run(args) -> int:
         drafter_options["context_window"] = args.draft_window
     prefill = PrefillConfig(chunk=args.prefill_chunk, attention=args.prefill_attention)
     uses_draft = method not in ("ar", "ngram")
+    mesh = tensor_parallel_mesh(args.tensor_parallel, target_dir,
+                                draft_dir if uses_draft else None)
     with step("loading target", target_dir, *(["+ drafter", draft_dir] if uses_draft
                                                else [])):
         target, target_params, drafter, draft_params = load_pair(
             target_dir, draft_dir if uses_draft else None, method, dtype,
             head_input_table=args.head_input_table, attention=args.attention,
-            **drafter_options)
+            fused=mesh is None, **drafter_options)
+    if mesh is not None:
+        from domino_jax.decode.tensor_parallel import shard_for_decode
+
+        target_params, draft_params = shard_for_decode(
+            mesh, target.config, target_params, draft_params,
+            getattr(drafter, "config", None) if draft_params is not None else None)
     tokenizer = load_tokenizer(target_dir)
 
     texts = list(args.prompt or [])
@@ -191,10 +203,26 @@ def _run(args) -> int:
           f"method={method} T={args.temperature} backend={jax.default_backend()}",
           file=sys.stderr)
 
-    decode_and_report(target, target_params, drafter, draft_params, prompts, texts, tokenizer,
-                      config, seed=args.seed, compare_ar=args.compare_ar,
-                      stream_rounds=args.stream_rounds, as_json=args.json)
+    from domino_jax.decode.tensor_parallel import mesh_context
+
+    with mesh_context(mesh):
+        decode_and_report(target, target_params, drafter, draft_params, prompts, texts,
+                          tokenizer, config, seed=args.seed, compare_ar=args.compare_ar,
+                          stream_rounds=args.stream_rounds, as_json=args.json)
     return 0
+
+
+def tensor_parallel_mesh(n: int, target_dir: str, draft_dir: str | None):
+    """The ``--tensor-parallel N`` mesh (``None`` for N = 1), checked against the
+    checkpoints' head counts and the devices before any weights are read."""
+    from domino_jax.config import DraftConfig, TargetConfig
+    from domino_jax.decode.tensor_parallel import check_tensor_parallel, tensor_mesh
+
+    if n == 1:
+        return None
+    check_tensor_parallel(n, TargetConfig.from_path(target_dir),
+                          DraftConfig.from_path(draft_dir) if draft_dir else None)
+    return tensor_mesh(n)
 
 
 if __name__ == "__main__":
