@@ -160,3 +160,31 @@ def test_two_processes_equal_one_survive_a_crash_and_resume(tmp_path):
     assert proc.returncode != 0
     assert "written by 2 process(es), this run has 1" in proc.stderr, proc.stderr[-3000:]
     print(f"multi-process test: {time.perf_counter() - t0:.1f} s")
+
+
+def test_when_jax_distributed_starts():
+    from domino_jax.train.distributed import (DistributedConfig, launched_multiprocess,
+                                              wants_initialize)
+
+    assert not launched_multiprocess({})
+    assert not launched_multiprocess({"SLURM_NTASKS": "1", "TPU_WORKER_HOSTNAMES": "a"})
+    for env in ({"JAX_COORDINATOR_ADDRESS": "h:1"}, {"SLURM_NTASKS": "4"},
+                {"OMPI_COMM_WORLD_SIZE": "2"}, {"TPU_WORKER_HOSTNAMES": "a,b"}):
+        assert launched_multiprocess(env), env
+        assert wants_initialize(DistributedConfig(), env)
+        assert not wants_initialize(DistributedConfig("off"), env)
+    assert not wants_initialize(DistributedConfig(), {})
+    assert wants_initialize(DistributedConfig("on"), {})
+    assert wants_initialize(DistributedConfig(process_id=0), {})
+    with pytest.raises(ValueError, match="--distributed off excludes"):
+        wants_initialize(DistributedConfig("off", num_processes=2), {})
+
+
+def test_cli_rejects_bad_distributed_flags(capsys, tmp_path):
+    from domino_jax.train.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--data", str(tmp_path), "--out", str(tmp_path / "o"), "--num-processes", "2",
+              "--process-id", "2"])
+    assert e.value.code == 2
+    assert "--process-id 2 must be in [0, --num-processes 2)" in capsys.readouterr().err

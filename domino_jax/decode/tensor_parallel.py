@@ -31,7 +31,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from domino_jax.sharding import (TARGET_PARAM_AXES, logical_sharding, make_mesh,
+from domino_jax.sharding import (TARGET_PARAM_AXES, _path_str, logical_sharding, make_mesh,
                                  target_param_shardings)
 
 
@@ -68,8 +68,7 @@ def draft_param_shardings(params: Any, mesh: Mesh, config=None) -> Any:
     replicated = NamedSharding(mesh, PartitionSpec())
 
     def leaf(path, x):
-        name = "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
-                        for k in path)
+        name = _path_str(path)
         for pattern, axes in TARGET_PARAM_AXES:
             if re.search(pattern, name) and len(axes) == x.ndim:
                 return logical_sharding(mesh, axes, x.shape, units=units)
