@@ -418,9 +418,12 @@ def _compiled(target, drafter, config, target_params, draft_params, prompt, prom
     Thread-safe; each key is compiled once (if that compile raises, the error propagates in
     the compiling thread and a waiting thread retries the compile itself).
     """
-    # shardings too: tensor-parallel params (decode/tensor_parallel.py) compile other programs
+    # multi-device shardings too: tensor-parallel params (decode/tensor_parallel.py) compile
+    # other programs; host arrays and one-device arrays share one
+    spread = lambda x: x.sharding if len(getattr(x, "sharding", None) and
+                                         x.sharding.device_set or ()) > 1 else None
     spec = lambda tree: jax.tree_util.tree_map(
-        lambda x: (jax.ShapeDtypeStruct(x.shape, x.dtype), getattr(x, "sharding", None)), tree)
+        lambda x: (jax.ShapeDtypeStruct(x.shape, x.dtype), spread(x)), tree)
     cache_key = (target, drafter, config, prompt.shape, capacity,
                  jax.tree_util.tree_structure(target_params), str(spec(target_params)),
                  str(spec(draft_params)))
