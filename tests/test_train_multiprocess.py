@@ -188,3 +188,15 @@ def test_cli_rejects_bad_distributed_flags(capsys, tmp_path):
               "--process-id", "2"])
     assert e.value.code == 2
     assert "--process-id 2 must be in [0, --num-processes 2)" in capsys.readouterr().err
+
+
+def test_batch_rows_are_a_slice_of_the_global_batch():
+    from domino_jax.train import data as data_lib
+    from tests.test_train import synthetic_examples
+
+    examples = synthetic_examples(10)
+    whole = data_lib.batch_for_step(examples, 3, 8, 2, 48, seed=1)
+    for rows in ((0, 2), (2, 4), (1, 3)):
+        part = data_lib.batch_for_step(examples, 3, 8, 2, 48, seed=1, rows=rows)
+        for key in whole:
+            assert (part[key] == whole[key][:, rows[0]:rows[1]]).all()
