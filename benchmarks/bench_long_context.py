@@ -10,7 +10,7 @@ Three measurements (each writes ``long_<what>_<date>.{json,md}`` into ``--out``)
   quadratic in the prompt) and ``chunked`` (``PrefillConfig()``: chunks of 2048 tokens,
   blockwise attention); ``chunked-xla`` and ``chunked-cudnn`` pick the chunks' attention.
   ``--compile-only`` skips running (memory analysis only: nothing large is allocated).
-* ``draft``: one draft forward (``ChainDrafter.draft_block``: backbone + LM head rows) over
+* ``draft``: one draft forward (``BlockDrafter.block_hidden`` + the LM head rows) over
   a draft cache holding ``C`` context positions, full attention against ``--windows``.
 * ``tau``: every method's acceptance length on long real prompts (Python documentation to
   summarise, ``pydoc_data.topics``; Python source files to continue, ``argparse.py`` /
@@ -77,9 +77,8 @@ def build_models(shape: str, method: str = "domino", context_window: int | None 
     from bench_util import random_params
 
     from domino_jax.config import QWEN3_8B, QWEN3_8B_DOMINO_DRAFT, DraftConfig, TargetConfig
-    from domino_jax.decode.drafters import ChainDrafter
+    from domino_jax.decode.methods import make_drafter, method_options
     from domino_jax.models import dflash, domino_head, qwen3
-    from domino_jax.models.fused_layout import head_decode_params
 
     if shape == "qwen3-8b":
         tcfg, dcfg = QWEN3_8B, QWEN3_8B_DOMINO_DRAFT
@@ -94,15 +93,17 @@ def build_models(shape: str, method: str = "domino", context_window: int | None 
     tcfg = dataclasses.replace(tcfg, fused_projections=True)
     dcfg = dataclasses.replace(dcfg, fused_projections=True)
     target = qwen3.TargetLM(tcfg)
-    drafter = ChainDrafter(dcfg, target, method, context_window=context_window)
+    drafter = make_drafter(dcfg, target, method,
+                           method_options(method, context_window=context_window))
     shapes = (qwen3.param_shapes(tcfg), domino_head.head_param_shapes(dcfg),
               dflash.param_shapes(dcfg))
     if abstract:
-        head = jax.eval_shape(head_decode_params, shapes[1], shapes[0]["embed_tokens"]["embedding"])
+        head = jax.eval_shape(domino_head.decode_head, shapes[1],
+                              shapes[0]["embed_tokens"]["embedding"])
         return (target, shapes[0], drafter, {"backbone": shapes[2], "head": head},
                 f"{shape} shapes (compile only)")
     tp = random_params(shapes[0], 0)
-    head = head_decode_params(random_params(shapes[1], 2), tp["embed_tokens"]["embedding"])
+    head = domino_head.decode_head(random_params(shapes[1], 2), tp["embed_tokens"]["embedding"])
     dp = {"backbone": random_params(shapes[2], 1), "head": head}
     return target, tp, drafter, dp, f"{shape} random bf16 weights"
 
@@ -226,8 +227,11 @@ def draft_child(args) -> dict:
     start = jnp.asarray([context], jnp.int32)
     context_len = jnp.asarray([1], jnp.int32)
 
-    step = jax.jit(lambda tp_, dp_, c: drafter.draft_block(tp_, dp_, root, start, features,
-                                                           context_len, c)[1])
+    def draft_block(tp_, dp_, c):
+        hidden, c = drafter.block_hidden(tp_, dp_, root, start, features, context_len, c)
+        return drafter.lm_head(tp_, hidden), c
+
+    step = jax.jit(lambda tp_, dp_, c: draft_block(tp_, dp_, c)[0])
     t0 = time.perf_counter()
     compiled = step.lower(tp, dp, cache).compile()
     compile_s = time.perf_counter() - t0

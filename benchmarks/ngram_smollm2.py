@@ -253,7 +253,7 @@ def round_cost(args, stamp, t_start) -> None:
 
     from bench_util import git_commit, versions
     from domino_jax.decode.loading import default_models, load_pair, load_tokenizer
-    from domino_jax.decode.ngram import NgramDrafter
+    from domino_jax.decode.ngram import NgramDrafter, NgramOptions
     from domino_jax.decode.speculative import DecodeConfig, generate
     from domino_jax.train.data import chat_ids
 
@@ -271,8 +271,9 @@ def round_cost(args, stamp, t_start) -> None:
     chunk = args.cost_rounds
     runs = {}                         # k -> (config, drafter): at least 4 full chunks of rounds
     for k in [0] + ks:
-        drafter = None if k == 0 else NgramDrafter(best["max_ngram"], best["min_ngram"], k,
-                                                   best["occurrence"], best["wrap"])
+        drafter = None if k == 0 else NgramDrafter(options=NgramOptions(
+            max_ngram=best["max_ngram"], min_ngram=best["min_ngram"], num_tokens=k,
+            occurrence=best["occurrence"], wrap=best["wrap"]))
         # no stop token, so every chunk but the last runs exactly `chunk` rounds
         runs[k] = (DecodeConfig(method="ar" if k == 0 else "ngram",
                                 max_new_tokens=1 + 4 * chunk * (k + 1)), drafter)
@@ -354,12 +355,13 @@ def device_check(best, target, tparams, prompts, kinds, stops, rows, ar_runs, ar
     """``generate(method="ngram")`` with ``best``: per-row histogram == the simulation (T=0)."""
     import numpy as np
 
-    from domino_jax.decode.ngram import NgramDrafter
+    from domino_jax.decode.ngram import NgramDrafter, NgramOptions
     from domino_jax.decode.sampling import SamplingConfig
     from domino_jax.decode.speculative import DecodeConfig, generate
 
-    drafter = NgramDrafter(best["max_ngram"], best["min_ngram"], best["tokens"],
-                           best["occurrence"], best["wrap"])
+    drafter = NgramDrafter(options=NgramOptions(
+        max_ngram=best["max_ngram"], min_ngram=best["min_ngram"], num_tokens=best["tokens"],
+        occurrence=best["occurrence"], wrap=best["wrap"]))
     out = []
     for temp in sorted(ar_runs)[:1 if args.device_check_t0_only else None]:
         config = DecodeConfig(method="ngram", max_new_tokens=args.max_new_tokens,

@@ -153,7 +153,7 @@ def test_fixture_greedy_with_kernel_in_target_and_drafter():
     """The golden Domino fixture decoded with every cache attention in the kernel (target
     verify/AR steps, prefill, DFlash drafter): the reference's tokens, token for token."""
     from decode_helpers import fixture_models, reference_greedy
-    from domino_jax.decode.drafters import ChainDrafter
+    from domino_jax.decode.methods import make_drafter
     from domino_jax.decode.speculative import DecodeConfig, generate
     from domino_jax.models.qwen3 import TargetLM
 
@@ -166,7 +166,7 @@ def test_fixture_greedy_with_kernel_in_target_and_drafter():
     ref = reference_greedy(target, params, prompts, 12)
     assert ref[0] == expected[:12]
     for method in ("ar", "domino"):
-        drafter = None if method == "ar" else ChainDrafter(dcfg, kernel_target, method)
+        drafter = None if method == "ar" else make_drafter(dcfg, kernel_target, method)
         assert drafter is None or drafter.backbone.attention_impl == "pallas_interpret"
         result = generate(kernel_target, params, prompts,
                           DecodeConfig(method=method, max_new_tokens=12), drafter=drafter,

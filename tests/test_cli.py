@@ -9,6 +9,23 @@ from domino_jax.decode.__main__ import main
 FIX = os.path.join(os.path.dirname(__file__), "fixtures", "reference")
 
 
+class _Tokenizer:
+    """A stand-in tokenizer: the fixture folders have none."""
+
+    chat_template = None
+    eos_token_id = None
+
+    def encode(self, text):
+        return [1, 2, 3]
+
+
+@pytest.fixture
+def stand_in_tokenizer(monkeypatch):
+    import domino_jax.text as text
+
+    monkeypatch.setattr(text, "load_tokenizer", lambda folder: _Tokenizer())
+
+
 def test_wrong_target_path(capsys, tmp_path):
     missing = str(tmp_path / "nope")
     assert main(["--target", missing]) == 2
@@ -27,7 +44,7 @@ def test_method_needs_a_drafter(capsys):
     assert "needs a drafter" in capsys.readouterr().err
 
 
-def test_draft_that_does_not_fit_the_target(capsys):
+def test_draft_that_does_not_fit_the_target(capsys, stand_in_tokenizer):
     target = os.path.join(FIX, "dflash", "target")          # 5 target layers
     draft = os.path.join(FIX, "domino_shift", "draft")      # trained for a 4-layer target
     assert main(["--target", target, "--draft", draft, "--method", "domino"]) == 2
@@ -49,7 +66,7 @@ def _spy_load_pair(monkeypatch, option: str) -> list:
     return seen
 
 
-def test_no_head_input_table_reaches_load_pair(monkeypatch):
+def test_no_head_input_table_reaches_load_pair(monkeypatch, stand_in_tokenizer):
     """``--no-head-input-table`` is passed to ``load_pair`` (default: the table is made)."""
     seen = _spy_load_pair(monkeypatch, "head_input_table")
     target = os.path.join(FIX, "domino_shift", "target")
@@ -59,7 +76,7 @@ def test_no_head_input_table_reaches_load_pair(monkeypatch):
         assert seen[-1] is expected
 
 
-def test_attention_flag_reaches_load_pair(monkeypatch, capsys):
+def test_attention_flag_reaches_load_pair(monkeypatch, capsys, stand_in_tokenizer):
     """``--attention`` is passed to ``load_pair`` (default ``xla``); a bad value is refused
     by the parser, naming the choices."""
     seen = _spy_load_pair(monkeypatch, "attention")

@@ -21,7 +21,8 @@ from decode_helpers import (FIXTURE_NAMES, draft_config, fixture_models, perm_do
                             perm_target, permutation, reference_greedy, tiny_draft,
                             zero_backbone_params)
 from domino_jax.decode import speculative
-from domino_jax.decode.drafters import ChainDrafter
+from domino_jax.decode.drafters import DominoOptions
+from domino_jax.decode.methods import make_drafter, method_options
 from domino_jax.decode.sampling import SamplingConfig
 from domino_jax.decode.speculative import DecodeConfig, generate
 
@@ -35,8 +36,8 @@ MAX_NEW = 16
 
 def run(target, params, prompts, method, drafter_cfg=None, draft_params=None, head_topm=0,
         **kw):
-    drafter = None if method == "ar" else ChainDrafter(drafter_cfg, target, method,
-                                                       head_topm=head_topm)
+    options = DominoOptions(head_topm=head_topm) if method == "domino" else None
+    drafter = None if method == "ar" else make_drafter(drafter_cfg, target, method, options)
     return generate(target, params, prompts, DecodeConfig(method=method, **kw),
                     drafter=drafter, draft_params=draft_params)
 
@@ -139,7 +140,7 @@ def test_stale_cache_slots_never_read(which):
     cfg = draft_config(32, block=4, shift=True, prefix=0, gru=32, emb=32)
     target, params = perm_target(PI, attn_scale=0.3, seed=1)
     dparams = perm_domino_params(cfg, PI)
-    drafter = ChainDrafter(cfg, target, "domino")
+    drafter = make_drafter(cfg, target, "domino")
     config = DecodeConfig(method="domino", max_new_tokens=MAX_NEW)
     expected = generate(target, params, RAGGED, config, drafter=drafter, draft_params=dparams)
     prompt, prompt_len = speculative.pad_prompts(RAGGED)
@@ -224,7 +225,7 @@ def test_capacity_overflow_raises_before_compute(monkeypatch):
     for number in ("5", "10", "16", "12"):          # prompt, max_new, needed, capacity
         assert number in message, message
     cfg = draft_config(32, block=4)
-    drafter = ChainDrafter(cfg, target, "domino")
+    drafter = make_drafter(cfg, target, "domino")
     with pytest.raises(ValueError, match="20 cache slots"):   # 5 + 10 + K(4) + 1
         generate(target, params, [[1, 2, 3, 4, 5]],
                  DecodeConfig(method="domino", max_new_tokens=10, capacity=19),
@@ -248,13 +249,17 @@ def test_argument_errors():
     with pytest.raises(ValueError):
         SamplingConfig(top_p=0.0)
     dflash_cfg = draft_config(32, block=4, method="dflash")
-    with pytest.raises(ValueError, match="domino"):
-        ChainDrafter(dflash_cfg, target, "domino")
-    with pytest.raises(ValueError, match="unknown drafter method"):
-        ChainDrafter(dflash_cfg, target, "medusa")
+    with pytest.raises(ValueError, match="'domino' needs a Domino checkpoint"):
+        make_drafter(dflash_cfg, target, "domino")
+    with pytest.raises(ValueError, match="unknown method 'medusa'"):
+        make_drafter(dflash_cfg, target, "medusa")
     with pytest.raises(ValueError, match="head_topm must be >= 0"):
-        ChainDrafter(dflash_cfg, target, "dflash", head_topm=-1)
-    drafter = ChainDrafter(dflash_cfg, target, "dflash")
+        DominoOptions(head_topm=-1)
+    with pytest.raises(ValueError, match="'dflash' has no option head_topm"):
+        method_options("dflash", head_topm=2)
+    with pytest.raises(ValueError, match="'dflash' takes NoOptions, got DominoOptions"):
+        make_drafter(dflash_cfg, target, "dflash", DominoOptions(head_topm=2))
+    drafter = make_drafter(dflash_cfg, target, "dflash")
     with pytest.raises(ValueError, match="takes no drafter"):
         generate(target, params, [[1]], DecodeConfig(method="ar"), drafter=drafter)
     with pytest.raises(ValueError, match="needs a drafter"):

@@ -14,7 +14,7 @@ import pytest
 from decode_helpers import (chi_square_test, exact_joint_probs, perm_target, permutation,
                             reference_greedy, tiny_target)
 from domino_jax.decode import speculative
-from domino_jax.decode.ngram import NgramDrafter, lookup_drafts, reference_lookup
+from domino_jax.decode.ngram import NgramDrafter, NgramOptions, lookup_drafts, reference_lookup
 from domino_jax.decode.sampling import SamplingConfig
 from domino_jax.decode.speculative import DecodeConfig, generate
 
@@ -106,7 +106,7 @@ def test_option_errors():
         options = dict(max_ngram=3, min_ngram=1, num_tokens=4, occurrence="latest")
         options.update(kwargs)
         with pytest.raises(ValueError, match=match):
-            NgramDrafter(**options)
+            NgramOptions(**options)
         with pytest.raises(ValueError, match=match):
             reference_lookup([1, 2], **options)
     with pytest.raises(ValueError, match="greedy"):
@@ -140,7 +140,7 @@ def test_forced_acceptance_on_a_cycle():
     target, params = perm_target(PI, attn_scale=0.0, seed=1)
     prompts = [_cycle_prompt(3, 33), _cycle_prompt(9, 40)]
     ref = reference_greedy(target, params, prompts, MAX_NEW, width=80)
-    drafter = NgramDrafter(max_ngram=3, min_ngram=1, num_tokens=5)
+    drafter = NgramDrafter(options=NgramOptions(max_ngram=3, min_ngram=1, num_tokens=5))
     result = _ngram(target, params, prompts, drafter, max_new_tokens=MAX_NEW)
     assert result.tokens == ref
     # 24 tokens: the first from prefill, then 4 full rounds of 6 (the last overruns by 1)
@@ -154,7 +154,8 @@ def test_greedy_equals_ar_ragged(attn_scale, occurrence):
     generated tokens themselves (attn_scale 0) or only partly (0.3, context leaks in)."""
     target, params = perm_target(PI, attn_scale=attn_scale, seed=1)
     ref = reference_greedy(target, params, RAGGED, 40)
-    drafter = NgramDrafter(max_ngram=2, min_ngram=1, num_tokens=4, occurrence=occurrence)
+    drafter = NgramDrafter(options=NgramOptions(max_ngram=2, min_ngram=1, num_tokens=4,
+                                                occurrence=occurrence))
     result = _ngram(target, params, RAGGED, drafter, max_new_tokens=40)
     assert result.tokens == ref
     assert result.accept_hist[:, 2:].sum() > 0               # drafts were accepted
@@ -166,7 +167,7 @@ def test_context_buffer_and_stale_entries():
     past the root (stale drafts of rejected rounds) is never read: random garbage written
     there before every round leaves the output and acceptance unchanged."""
     target, params = perm_target(PI, attn_scale=0.3, seed=1)
-    drafter = NgramDrafter(max_ngram=2, min_ngram=1, num_tokens=4)
+    drafter = NgramDrafter(options=NgramOptions(max_ngram=2, min_ngram=1, num_tokens=4))
     config = DecodeConfig(method="ngram", max_new_tokens=MAX_NEW, stop_token_ids=())
     expected = _ngram(target, params, RAGGED, drafter, max_new_tokens=MAX_NEW)
     prompt, prompt_len = speculative.pad_prompts(RAGGED)
@@ -199,7 +200,7 @@ def test_stop_token_and_limit():
     prompts = [_cycle_prompt(3, 33), _cycle_prompt(9, 40)]
     ref = reference_greedy(target, params, prompts, 7, width=80)
     stop = ref[0][4]                                         # mid-block in round 1
-    drafter = NgramDrafter(max_ngram=3, min_ngram=1, num_tokens=5)
+    drafter = NgramDrafter(options=NgramOptions(max_ngram=3, min_ngram=1, num_tokens=5))
     result = _ngram(target, params, prompts, drafter, max_new_tokens=7, stop_token_ids=(stop,))
     expected = [r[:r.index(stop) + 1] if stop in r else r for r in ref]
     assert result.tokens == expected and len(result.tokens[0]) == 5
@@ -219,7 +220,7 @@ ROWS = 3000
 ])
 def test_joint_distribution_chi_square(verify, sampling):
     target, params = tiny_target(seed=21, vocab=V, lm_scale=2.5)
-    drafter = NgramDrafter(max_ngram=2, min_ngram=1, num_tokens=3)
+    drafter = NgramDrafter(options=NgramOptions(max_ngram=2, min_ngram=1, num_tokens=3))
     result = generate(target, params, [PROMPT] * ROWS,
                       DecodeConfig(method="ngram", max_new_tokens=3, sampling=sampling,
                                    verify=verify), drafter=drafter, seed=5)

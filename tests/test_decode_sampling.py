@@ -22,7 +22,8 @@ import pytest
 
 from decode_helpers import (chi_square_test, draft_config, exact_joint_probs, tiny_draft,
                             tiny_target)
-from domino_jax.decode.drafters import ChainDrafter
+from domino_jax.decode.drafters import DominoOptions
+from domino_jax.decode.methods import make_drafter
 from domino_jax.decode.sampling import SamplingConfig
 from domino_jax.decode.speculative import DecodeConfig, generate
 from domino_jax.decode.verify import verify_match, verify_rejection
@@ -137,8 +138,8 @@ def run_case(models, name):
         drafter, dparams = None, None
         if method != "ar":
             cfg, dparams = models[method]
-            drafter = ChainDrafter(cfg, models["target"], method,
-                                   head_topm=HEAD_TOPM.get(name, 0))
+            options = DominoOptions(head_topm=HEAD_TOPM.get(name, 0)) if method == "domino" else None
+            drafter = make_drafter(cfg, models["target"], method, options)
         config = DecodeConfig(method=method, max_new_tokens=3, sampling=sampling,
                               draft_policy=policy, verify=verify)
         _RESULTS[name] = generate(models["target"], models["params"], [PROMPT] * ROWS, config,

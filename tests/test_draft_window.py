@@ -24,7 +24,8 @@ from decode_helpers import draft_config, reference_greedy, tiny_draft, tiny_targ
 from test_drafters import SMALL, _random_draft, draft_rounds_vs_torch
 
 from domino_jax.config import ConfigError, DraftConfig
-from domino_jax.decode.drafters import ChainDrafter
+from domino_jax.decode.drafters import BlockOptions, DominoOptions
+from domino_jax.decode.methods import make_drafter
 from domino_jax.decode.speculative import DecodeConfig, generate
 from domino_jax.models import dflash
 
@@ -48,9 +49,8 @@ def test_sliding_layout_parses_and_round_trips():
         DraftConfig.from_hf_dict(dict(raw, layer_types=["chunked_attention"] * 2))
     with pytest.raises(ConfigError, match="layer_types has 1 entries"):
         DraftConfig.from_hf_dict(dict(raw, layer_types=["full_attention"]))
-    target, _ = tiny_target(3, vocab=64)
     with pytest.raises(ValueError, match="--draft-window"):
-        ChainDrafter(draft_config(64), target, "domino", context_window=0)
+        BlockOptions(context_window=0)
 
 
 def _specforge_mask(window, causal, positions_context, block_len):
@@ -94,7 +94,7 @@ def test_sliding_backbone_matches_torch(context_window):
 def _decode(method_window, prompts, capacity=None, max_new=12):
     target, params = tiny_target(3, vocab=64)
     cfg = draft_config(64, block=4)
-    drafter = ChainDrafter(cfg, target, "domino", context_window=method_window)
+    drafter = make_drafter(cfg, target, "domino", DominoOptions(context_window=method_window))
     return generate(target, params, prompts,
                     DecodeConfig(method="domino", max_new_tokens=max_new, capacity=capacity),
                     drafter, tiny_draft(cfg, 5)), (target, params)

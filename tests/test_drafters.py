@@ -2,7 +2,7 @@
 
 * Golden fixtures (tests/fixtures/reference, computed by the reference SpecForge classes):
   context features, draft hidden, base logits, teacher-forced logits, greedy rollout.
-* A small torch reference written from algorithms.md §2.3 / §3.2 / §3.3 for what the
+* A small torch reference written from docs/algorithms.md §2.3 / §3.2 / §3.3 for what the
   fixtures do not cover: a populated draft cache with ragged batches, both shift_label
   settings with P in {0, 1, 2}, the GRU vs torch.nn.GRU, argmax rollout vs a python loop.
 * Shapes of the real Qwen3-8B Domino drafter (jax.eval_shape) and clear error messages.
@@ -29,7 +29,7 @@ from domino_jax.config import (QWEN3_8B, QWEN3_8B_DOMINO_DRAFT, ConfigError, Dra
                                check_draft_fits_target)
 from domino_jax.models import dflash, domino_head
 from domino_jax.models.qwen3 import TargetLM
-from domino_jax.models.fused_layout import fuse_model, head_decode_params
+from domino_jax.models.fused_layout import fuse_model
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -41,9 +41,9 @@ RTOL = 1e-5
 def head_layouts(head, embed_table):
     """The head's plain params and both decode layouts (``[W1_s | W_hh]`` with and without
     the GRU input table): every rollout check runs on all three."""
-    head = {k: v for k, v in head.items() if k not in ("state_proj", "gru_input_table")}
-    return [head, head_decode_params(head, embed_table),
-            head_decode_params(head, embed_table, input_table=False)]
+    head = domino_head.plain_params(head)
+    return [head, domino_head.decode_head(head, embed_table),
+            domino_head.decode_head(head, embed_table, input_table=False)]
 
 
 def rel_err(actual, expected) -> float:
@@ -73,7 +73,7 @@ def golden(request):
         target_cfg, target_params = fuse_model(target_cfg, target_params)
         draft_cfg, draft_params = fuse_model(draft_cfg, draft_params)
         if "head" in draft_params:            # and the head's decode leaves, as load_pair does
-            draft_params = dict(draft_params, head=head_decode_params(
+            draft_params = dict(draft_params, head=domino_head.decode_head(
                 draft_params["head"], target_params["embed_tokens"]["embedding"]))
     check_draft_fits_target(draft_cfg, target_cfg)
     outputs = dict(np.load(os.path.join(folder, "outputs.npz")))
@@ -195,7 +195,7 @@ def torch_rope(x, positions, theta):
 
 def torch_draft_forward(sd, cfg: DraftConfig, features, ctx_pos, block_embeds, block_pos,
                         cached, layer_masks=None):
-    """algorithms.md §2.3 for one row. ``cached``: per layer (k, v) ``[S, nKV, D]`` of earlier
+    """docs/algorithms.md §2.3 for one row. ``cached``: per layer (k, v) ``[S, nKV, D]`` of earlier
     context. ``layer_masks``: per layer ``None`` (every key) or bool ``[Bk, S + Tc + Bk]``
     over ``[cached, new context, block]`` keys. Returns (draft_hidden [Bk, H], cache with the
     new context appended)."""
@@ -404,7 +404,7 @@ def test_argmax_rollout_matches_python_loop(prefix_len, topm):
     root = rng.integers(0, v, batch)
     ref_tokens = np.zeros((batch, k_draft), np.int64)
     ref_logits = np.zeros((batch, k_draft, v))
-    for b in range(batch):                           # algorithms.md §3.3, one row at a time
+    for b in range(batch):                           # docs/algorithms.md §3.3, one row at a time
         verify = [int(root[b])]
         for i in range(prefix_len):
             ref_logits[b, i] = base[b, i]

@@ -17,9 +17,11 @@ import numpy as np
 import pytest
 
 from decode_helpers import FIXTURE_NAMES, FIXTURES, fixture_models, reference_greedy
-from domino_jax.decode.loading import load_pair, make_drafter
+from domino_jax.decode.loading import load_pair
+from domino_jax.decode.methods import make_drafter, method_options
 from domino_jax.decode.speculative import DecodeConfig, generate
-from domino_jax.models.fused_layout import fuse_model, fuse_projections, head_decode_params
+from domino_jax.models.domino_head import DecodeHead, decode_head
+from domino_jax.models.fused_layout import fuse_model, fuse_projections
 from domino_jax.models.qwen3 import TargetLM
 
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -69,15 +71,15 @@ def test_fused_greedy_equals_reference(name):
     tcfg, fparams = fuse_model(target.config, params)
     fcfg, fdparams = fuse_model(dcfg, dparams)
     if dcfg.has_domino_head:                    # the head's decode leaves too, as load_pair
-        fdparams = dict(fdparams, head=head_decode_params(
+        fdparams = dict(fdparams, head=decode_head(
             fdparams["head"], fparams["embed_tokens"]["embedding"]))
     ftarget = TargetLM(tcfg, dtype=target.dtype, param_dtype=target.param_dtype)
     methods = ["ar", "dflash"] + (["domino"] if dcfg.has_domino_head else [])
     if name == "domino_shift":            # the tree methods once (they share the target path)
         methods += ["ddtree", "dominotree"]
     for method in methods:
-        drafter = None if method == "ar" else make_drafter(
-            fcfg, ftarget, method, **({"budget": 6} if "tree" in method else {}))
+        options = method_options(method, **({"budget": 6} if "tree" in method else {}))
+        drafter = None if method == "ar" else make_drafter(fcfg, ftarget, method, options)
         result = generate(ftarget, fparams, prompts,
                           DecodeConfig(method=method, max_new_tokens=24), drafter=drafter,
                           draft_params=None if drafter is None else fdparams)
@@ -93,29 +95,30 @@ def test_unfused_config_rejects_fused_params():
                               np.zeros((1, 2), np.int32))
 
 
-def test_head_decode_params_leaves_and_errors():
-    """``state_proj`` is ``[W1_s | W_hh]``; the table is ``embed @ W_ih`` in float32; plain
-    leaves are kept; a second conversion and a misshaped embedding table are refused."""
+def test_decode_head_layout_and_errors():
+    """``state_proj`` is ``[W1_s | W_hh]``; the table is ``embed @ W_ih`` in float32; the
+    plain parameters are kept as they are; a second conversion and a misshaped embedding
+    table are refused."""
     _, _, dcfg, dparams, _ = fixture_models("domino_shift")
     head = dparams["head"]
     rng = np.random.default_rng(0)
     embed = rng.standard_normal((dcfg.vocab_size, dcfg.hidden_size)).astype(np.float32)
-    out = head_decode_params(head, embed)
+    out = decode_head(head, embed)
     g = head["prefix_gru"]["weight_hh"].shape[0]
     w1 = np.asarray(head["embed_proj_0"]["kernel"])
     np.testing.assert_array_equal(
-        np.asarray(out["state_proj"]["kernel"]),
+        np.asarray(out.state_proj),
         np.concatenate([w1[-g:], np.asarray(head["prefix_gru"]["weight_hh"])], axis=1))
-    table = np.asarray(out["gru_input_table"])
+    table = np.asarray(out.input_table)
     assert table.dtype == np.float32 and table.shape == (dcfg.vocab_size, 3 * g)
     expected = embed.astype(np.float64) @ np.asarray(head["prefix_gru"]["weight_ih"], np.float64)
     np.testing.assert_allclose(table, expected, rtol=1e-4, atol=1e-4)
-    assert all(out[k] is head[k] for k in head)
-    assert "gru_input_table" not in head_decode_params(head, embed, input_table=False)
+    assert out.params is head
+    assert decode_head(head, embed, input_table=False).input_table is None
     with pytest.raises(ValueError, match="already in the decode layout"):
-        head_decode_params(out, embed)
+        decode_head(out, embed)
     with pytest.raises(ValueError, match="does not fit"):
-        head_decode_params(head, embed[:, :-1])
+        decode_head(head, embed[:, :-1])
 
 
 def test_load_pair_adds_head_decode_leaves_for_head_methods():
@@ -125,12 +128,13 @@ def test_load_pair_adds_head_decode_leaves_for_head_methods():
     load = lambda method, **kw: load_pair(os.path.join(folder, "target"),  # noqa: E731
                                           os.path.join(folder, "draft"), method,
                                           jnp.float32, **kw)[3]["head"]
-    assert {"state_proj", "gru_input_table"} <= set(load("domino"))
-    assert {"state_proj", "gru_input_table"} <= set(load("dominotree"))
+    for method in ("domino", "dominotree"):
+        head = load(method)
+        assert isinstance(head, DecodeHead) and head.input_table is not None
     no_table = load("domino", head_input_table=False)
-    assert "state_proj" in no_table and "gru_input_table" not in no_table
-    assert not {"state_proj", "gru_input_table"} & set(load("dflash"))
-    assert not {"state_proj", "gru_input_table"} & set(load("domino", fused=False))
+    assert isinstance(no_table, DecodeHead) and no_table.input_table is None
+    assert not isinstance(load("dflash"), DecodeHead)
+    assert not isinstance(load("domino", fused=False), DecodeHead)
 
 
 def test_load_pair_attention_option():

@@ -26,11 +26,10 @@ from decode_helpers import draft_config, reference_greedy, tiny_draft, tiny_targ
 
 from domino_jax.decode import speculative
 from domino_jax.decode.__main__ import main
-from domino_jax.decode.drafters import ChainDrafter
+from domino_jax.decode.methods import make_drafter, method_options
 from domino_jax.decode.prefill import (PrefillConfig, check_context_length, chunk_plan,
                                        compiled_prefill, prefill_prompt)
 from domino_jax.decode.speculative import DecodeConfig, generate, pad_prompts
-from domino_jax.decode.tree_drafter import TreeDrafter
 from domino_jax.models.blockwise_attention import attend_blockwise
 from domino_jax.models.layers import MASK_VALUE, attend, attend_cache_layer, attend_reference
 
@@ -99,7 +98,7 @@ def _models():
 
 def test_chunked_prefill_equals_one_forward():
     target, params, cfg, dparams = _models()
-    drafter = ChainDrafter(cfg, target, "domino")
+    drafter = make_drafter(cfg, target, "domino")
     prompt, prompt_len = pad_prompts(LONG)                   # [3, 128]
     capacity = 192
     run = jax.jit(lambda c: prefill_prompt(target, drafter, params, dparams, prompt,
@@ -107,7 +106,7 @@ def test_chunked_prefill_equals_one_forward():
     whole, chunked = run(PrefillConfig(chunk=0)), run(PrefillConfig(chunk=CHUNK))
     assert chunk_plan(prompt.shape[1], CHUNK) == (8, 16)
     assert_close(chunked.logits, whole.logits, 1e-5, "chunked prefill logits")
-    assert chunked.feature_dim == whole.feature_dim == 2 * 32
+    assert drafter.feature_dim == 2 * 32
     for name, (a, b) in dict(target=(chunked.cache, whole.cache),
                              draft=(chunked.draft_cache, whole.draft_cache)).items():
         np.testing.assert_array_equal(a.lengths, prompt_len)
@@ -121,9 +120,9 @@ def test_chunked_prefill_equals_one_forward():
 
 
 def _drafter(method, cfg, target):
-    if method in ("ddtree", "dominotree"):
-        return TreeDrafter(cfg, target, method, budget=6, node_topk=3, topm=8)
-    return None if method == "ar" else ChainDrafter(cfg, target, method)
+    options = {"ddtree": dict(budget=6), "dominotree": dict(budget=6, node_topk=3, topm=8)}
+    return None if method == "ar" else make_drafter(
+        cfg, target, method, method_options(method, **options.get(method, {})))
 
 
 _REFERENCE: dict = {}
@@ -149,7 +148,7 @@ def test_prefill_memory_is_linear_in_the_prompt():
     tokens holds [heads, T, S] float32 scores (> 100 MB); chunks of 128 hold one chunk's
     worth, so quadrupling the prompt (512 -> 2048 tokens) adds less than half again."""
     target, params, cfg, dparams = _models()
-    drafter = ChainDrafter(cfg, target, "domino")
+    drafter = make_drafter(cfg, target, "domino")
 
     def temp_bytes(width, chunk):
         compiled = compiled_prefill(target, drafter, params, dparams, 1, width, width + 64,

@@ -20,7 +20,7 @@ import pytest
 
 from decode_helpers import draft_config, tiny_draft, tiny_target
 from domino_jax.decode import speculative
-from domino_jax.decode.drafters import ChainDrafter
+from domino_jax.decode.methods import make_drafter
 from domino_jax.decode.sampling import SamplingConfig
 from domino_jax.decode.speculative import DecodeConfig, generate, precompile
 
@@ -35,7 +35,7 @@ def models(method: str):
     if method == "ar":
         return target, params, None, None
     cfg = draft_config(32, block=4, gru=16, emb=16)
-    return target, params, ChainDrafter(cfg, target, method), tiny_draft(cfg, 5)
+    return target, params, make_drafter(cfg, target, method), tiny_draft(cfg, 5)
 
 
 class CountingJit:

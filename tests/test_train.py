@@ -173,14 +173,14 @@ def test_export_load_identical_logits(target_params, tmp_path):
 
 def test_mask_embedding_used_by_chain_drafter(target_params):
     """Inference puts the learned mask embedding in block slots 1..B-1 (as training does)."""
-    from domino_jax.decode.drafters import ChainDrafter
+    from domino_jax.decode.methods import make_drafter
 
     config = make_draft_config(TARGET, "dflash", 1, 4)
-    drafter = ChainDrafter(config, TargetLM(TARGET, dtype=jnp.float32,
+    drafter = make_drafter(config, TargetLM(TARGET, dtype=jnp.float32,
                                             param_dtype=jnp.float32), "dflash")
     mask = jnp.arange(32, dtype=jnp.float32)
-    embeds, _ = drafter._block(target_params, jnp.asarray([3]), jnp.asarray([7]),
-                               {"mask_embedding": mask})
+    embeds, _ = drafter.block_inputs(target_params, jnp.asarray([3]), jnp.asarray([7]),
+                                     {"mask_embedding": mask})
     np.testing.assert_array_equal(embeds[0, 1:], np.broadcast_to(mask, (3, 32)))
     np.testing.assert_array_equal(embeds[0, 0], target_params["embed_tokens"]["embedding"][3])
 

@@ -353,7 +353,7 @@ def test_drafter_sizes_of_the_sweep(tmp_path):
 def test_largest_sweep_drafter_trains_and_drafts(tmp_path):
     """The largest sweep size really runs: two train steps, export, a Domino decode."""
     from domino_jax.decode.speculative import DecodeConfig, generate
-    from domino_jax.decode.drafters import ChainDrafter
+    from domino_jax.decode.methods import make_drafter
     from domino_jax.train.loop import load_trained_draft, train
 
     target = TargetLM(TARGET8, **F32)
@@ -367,7 +367,7 @@ def test_largest_sweep_drafter_trains_and_drafts(tmp_path):
     assert np.isfinite(result.history[-1]["loss"])
     config, dparams = load_trained_draft(result.export_dir, jnp.float32)
     assert (config.num_layers, config.block_size, config.gru_hidden_dim) == (5, 10, 1024)
-    drafter = ChainDrafter(config, target, "domino")
+    drafter = make_drafter(config, target, "domino")
     out = generate(target, tparams, [[1, 2, 3, 4]], DecodeConfig(method="domino",
                                                                  max_new_tokens=12),
                    drafter, dparams)

@@ -1,11 +1,11 @@
-"""On-device draft-tree builders vs the references: the heap builders
-(domino_jax/decode/tree.py) and the depth-synchronous frontier builders
-(domino_jax/decode/tree_frontier.py) must give the same trees.
+"""On-device draft-tree builders vs the references: the library's depth-synchronous builder
+(domino_jax/decode/tree.py) and the readable heap builders (tests/heap_tree_builders.py)
+must give the references' trees.
 
 * Golden fixtures (tests/fixtures/reference): DominoTree top-16 / full-vocab / marginal trees
   for ``domino_shift`` and ``domino_noshift``, DDTree tree + visibility for ``dflash``.
 * Random tie-free inputs: the jitted builders equal readable host builders written from the
-  pseudo-code of algorithms.md §4.2 (DDTree) and §5.3-5.4 (DominoTree): Python ``heapq``,
+  pseudo-code of docs/algorithms.md §4.2 (DDTree) and §5.3-5.4 (DominoTree): Python ``heapq``,
   float64 score sums of float32 log-probs, the references' heap keys and tie-breaks.
 * Budget 1, exhausted candidate pools, jit + vmap over a batch.
 """
@@ -23,12 +23,10 @@ import pytest
 from converters.hf_draft import load_draft
 from converters.hf_target import load_target
 from domino_jax.config import DraftConfig
-from domino_jax.decode.tree import (DraftTree, build_ddtree, build_ddtree_batched,
-                                    build_dominotree, build_dominotree_batched,
+from domino_jax.decode.tree import (DraftTree, build_ddtree, build_dominotree,
                                     tree_attention_mask, tree_positions)
-from domino_jax.decode.tree_frontier import frontier_ddtree, frontier_dominotree
-from domino_jax.models.domino_head import correction, root_gru_state
-from domino_jax.models.fused_layout import head_decode_params
+from domino_jax.models.domino_head import correction, decode_head, root_gru_state
+from heap_tree_builders import heap_ddtree, heap_dominotree
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "reference")
 SCORE_TOL = 1e-5
@@ -50,9 +48,10 @@ def _topk(x: np.ndarray, k: int):
 
 
 def host_ddtree(logits: np.ndarray, budget: int):
-    """§4.2 verbatim (1-based depths, root index 0). Returns nodes (token, depth0, parent,
-    logw) with 0-based depth / -1 root parent, and the smallest gap between a popped score and
-    the best score left in the heap (to reject near-tie inputs)."""
+    """docs/algorithms.md §4.2 verbatim (1-based depths, root index 0). Returns nodes
+    (token, depth0, parent, logw) with 0-based depth / -1 root parent, and the smallest gap
+    between a popped score and the best score left in the heap (to reject near-tie
+    inputs)."""
     k_depth, vocab = logits.shape
     topk = min(budget, vocab)
     logp = _log_softmax32(logits)
@@ -94,9 +93,9 @@ def _host_gru(head, x, h):
 
 def host_dominotree(head, prefix_len, hid, base, root_state, embed, budget, node_topk, topm,
                     marginal=False):
-    """§5.3 children_fn + §5.4 build_best_first_tree verbatim (numpy float32 kernels,
-    float64 heap scores, eager child states). Returns nodes (token, depth, parent, cum) and
-    the smallest popped-vs-rest score gap."""
+    """docs/algorithms.md §5.3 children_fn + §5.4 build_best_first_tree verbatim (numpy
+    float32 kernels, float64 heap scores, eager child states). Returns nodes (token, depth,
+    parent, cum) and the smallest popped-vs-rest score gap."""
     hid, base, embed = (np.asarray(a, np.float32) for a in (hid, base, embed))
     k_depth, vocab = base.shape
     h = hid.shape[-1]
@@ -167,26 +166,30 @@ def _fixture(name):
     return np.load(os.path.join(FIXTURES, name, "outputs.npz"))
 
 
-# (ddtree builder, dominotree builder) per builder family; every test below runs on both
-BUILDERS = {"heap": (build_ddtree, build_dominotree),
-            "frontier": (frontier_ddtree, frontier_dominotree)}
+# (ddtree builder, dominotree builder): the library's and the heap reference; every test
+# below runs on both (the random-input tests run the reference on a few seeds only)
+BUILDERS = {"heap": (heap_ddtree, heap_dominotree),
+            "library": (build_ddtree, build_dominotree)}
 _JITTED = {name: (jax.jit(dd, static_argnums=1), jax.jit(dom, static_argnums=(1, 6, 7, 8, 9)))
            for name, (dd, dom) in BUILDERS.items()}
 
 
 def _with_decode_head(build):
     """``build`` on the head in its decode layout (``[W1_s | W_hh]`` and the GRU input table,
-    what ``load_pair`` gives): the frontier then carries each lane's state product."""
+    what ``load_pair`` gives): the library builder then carries each lane's state product."""
     def wrapped(head, config, hid, base, root_state, embed, *args):
-        return build(head_decode_params(head, embed), config, hid, base, root_state, embed,
-                     *args)
+        return build(decode_head(head, embed), config, hid, base, root_state, embed, *args)
     return wrapped
 
 
 for _name, (_, _dom) in BUILDERS.items():
     _JITTED[f"{_name}_decode_head"] = (None, jax.jit(_with_decode_head(_dom),
                                                       static_argnums=(1, 6, 7, 8, 9)))
-DOMINOTREE_BUILDERS = list(_JITTED)          # both families, both head layouts
+DOMINOTREE_BUILDERS = list(_JITTED)          # both builders, both head layouts
+# random inputs: every seed on the library builder, the first few on the heap reference
+RANDOM_CASES = [(b, s) for b in BUILDERS for s in range(24) if b != "heap" or s < 6]
+DOMINOTREE_RANDOM_CASES = [(b, s) for b in DOMINOTREE_BUILDERS for s in range(24)
+                           if not b.startswith("heap") or s < 6]
 
 
 @pytest.mark.parametrize("builder", BUILDERS)
@@ -269,8 +272,7 @@ def _tie_free(make, seed, min_gap=1e-4):
     raise AssertionError("no tie-free draw")
 
 
-@pytest.mark.parametrize("builder", BUILDERS)
-@pytest.mark.parametrize("seed", range(24))
+@pytest.mark.parametrize("builder,seed", RANDOM_CASES)
 def test_ddtree_random_matches_host(seed, builder):
     budget = 1 + seed % 20
     def make(rng):
@@ -283,8 +285,7 @@ def test_ddtree_random_matches_host(seed, builder):
     assert_tree_equals(tree, nodes, budget)
 
 
-@pytest.mark.parametrize("builder", DOMINOTREE_BUILDERS)
-@pytest.mark.parametrize("seed", range(24))
+@pytest.mark.parametrize("builder,seed", DOMINOTREE_RANDOM_CASES)
 def test_dominotree_random_matches_host(seed, builder):
     budget = 1 + (7 * seed) % 20
     node_topk = 1 + seed % 4
@@ -355,11 +356,13 @@ def test_exhausted_pool_marks_tail_invalid(builder):
 
 
 def test_jit_vmap_batch():
-    _jit_ddtree, _jit_domino = _JITTED["heap"]
+    """The library builders under ``vmap`` (as the tree drafters call them) equal one tree
+    at a time; the mask and positions of a batch of trees equal each tree's."""
+    _jit_ddtree, _jit_domino = _JITTED["library"]
     rng = np.random.default_rng(11)
     batch, k_depth, vocab, budget = 3, 4, 20, 9
     logits = jnp.asarray(rng.standard_normal((batch, k_depth, vocab)).astype(np.float32))
-    trees = jax.jit(build_ddtree_batched, static_argnums=1)(logits, budget)
+    trees = jax.jit(jax.vmap(lambda x: build_ddtree(x, budget)))(logits)
     assert trees.tokens.shape == (batch, budget)
     masks = jax.jit(tree_attention_mask)(trees)
     assert masks.shape == (batch, budget + 1, budget + 1)
@@ -376,8 +379,9 @@ def test_jit_vmap_batch():
     hid = jnp.asarray(rng.standard_normal((batch, k_depth, H)).astype(np.float32))
     embed = jnp.asarray(rng.standard_normal((vocab, H)).astype(np.float32))
     roots = root_gru_state(head, embed[jnp.asarray([1, 2, 3])])
-    build = jax.jit(build_dominotree_batched, static_argnums=(1, 6, 7, 8, 9))
-    trees = build(head, cfg, hid, logits, roots, embed, budget, 3, 8, False)
+    build = jax.jit(lambda hd, h, b, r, e: jax.vmap(
+        lambda h1, b1, r1: build_dominotree(hd, cfg, h1, b1, r1, e, budget, 3, 8))(h, b, r))
+    trees = build(head, hid, logits, roots, embed)
     assert trees.tokens.shape == (batch, budget)
     for b in range(batch):
         one = _jit_domino(head, cfg, hid[b], logits[b], roots[b], embed, budget, 3, 8, False)

@@ -14,10 +14,13 @@ from decode_helpers import (chi_square_test, draft_config, exact_joint_probs, fi
                             perm_domino_params, perm_target, permutation, reference_greedy,
                             tiny_draft, tiny_target)
 
+from domino_jax.decode import round as round_lib
 from domino_jax.decode import speculative
+from domino_jax.decode.methods import make_drafter, method_options
 from domino_jax.decode.sampling import SamplingConfig
 from domino_jax.decode.speculative import DecodeConfig, generate
-from domino_jax.decode.tree_drafter import TreeDrafter, walk_tree
+from domino_jax.decode.tree_drafters import DominoTreeOptions, TreeOptions
+from domino_jax.decode.verify import walk_tree
 from domino_jax.models.qwen3 import new_cache
 
 RAGGED = [[3, 4, 5], [7, 1, 2, 9, 10, 6], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]]
@@ -25,17 +28,20 @@ PI = permutation(32, seed=0)
 MAX_NEW = 16
 
 
-def run_tree(target, params, prompts, method, cfg, dparams, budget=8, topm=16,
-             builder="frontier", **kw):
-    drafter = TreeDrafter(cfg, target, method, budget=budget, node_topk=4, topm=topm,
-                          builder=builder)
+def tree_drafter(cfg, target, method, budget, node_topk=4, topm=16):
+    options = (TreeOptions(budget=budget) if method == "ddtree"
+               else DominoTreeOptions(budget=budget, node_topk=node_topk, topm=topm))
+    return make_drafter(cfg, target, method, options)
+
+
+def run_tree(target, params, prompts, method, cfg, dparams, budget=8, topm=16, **kw):
+    drafter = tree_drafter(cfg, target, method, budget, topm=topm)
     return generate(target, params, prompts, DecodeConfig(method=method, **kw),
                     drafter=drafter, draft_params=dparams)
 
 
-@pytest.mark.parametrize("builder", ["frontier", "heap"])
 @pytest.mark.parametrize("name", ["domino_shift", "dflash"])
-def test_fixture_trees_greedy_equal_ar(name, builder):
+def test_fixture_trees_greedy_equal_ar(name):
     target, params, cfg, dparams, outputs = fixture_models(name)
     prompts = [outputs["prompt"][0].tolist(), [5, 6, 7], list(range(20, 29))]
     ref = reference_greedy(target, params, prompts, 24)
@@ -43,7 +49,7 @@ def test_fixture_trees_greedy_equal_ar(name, builder):
     methods = ["ddtree", "dominotree"] if cfg.has_domino_head else ["ddtree"]
     for method in methods:
         result = run_tree(target, params, prompts, method, cfg, dparams, budget=12,
-                          builder=builder, max_new_tokens=24)
+                          max_new_tokens=24)
         assert result.tokens == ref, method
         assert result.verify_width == 13
 
@@ -110,14 +116,14 @@ def test_tree_commit_cache_equals_sequential_decoding():
     cfg = draft_config(32, block=4, shift=True, prefix=0, gru=32, emb=32)
     dparams = perm_domino_params(cfg, PI)
     target, params = perm_target(PI, attn_scale=0.3, seed=1)
-    drafter = TreeDrafter(cfg, target, "dominotree", budget=8, node_topk=4, topm=0)
+    drafter = tree_drafter(cfg, target, "dominotree", 8, topm=0)
     config = DecodeConfig(method="dominotree", max_new_tokens=12)
     prompt, prompt_len = speculative.pad_prompts(RAGGED)
     capacity = 64
-    state = speculative.prefill(target, drafter, config, params, dparams, prompt, prompt_len,
-                                jax.random.PRNGKey(0), capacity)
-    state = speculative.decode_rounds(target, drafter, config, params, dparams, state,
-                                      jnp.int32(3))
+    state = round_lib.prefill(target, drafter, config, params, dparams, prompt, prompt_len,
+                              jax.random.PRNGKey(0), capacity)
+    state = round_lib.decode_rounds(target, drafter, config, params, dparams, state,
+                                    jnp.int32(3))
     assert int(np.asarray(state.accept_hist)[:, 3:].sum()) > 0     # multi-token rounds
     lengths = np.asarray(state.target_cache.lengths)
     out = np.asarray(state.out_tokens)
@@ -149,7 +155,7 @@ def test_tree_sampling_follows_the_target(method):
     cfg = draft_config(V, block=4, shift=True, prefix=1)
     dparams = tiny_draft(cfg, seed=14, head_scale=3.0)
     sampling = SamplingConfig(1.0, top_p=0.9)
-    drafter = TreeDrafter(cfg, target, method, budget=6, node_topk=3, topm=4)
+    drafter = tree_drafter(cfg, target, method, 6, node_topk=3, topm=4)
     result = generate(target, params, [PROMPT] * ROWS,
                       DecodeConfig(method=method, max_new_tokens=3, sampling=sampling),
                       drafter=drafter, draft_params=dparams, seed=7)
@@ -166,11 +172,13 @@ def test_tree_sampling_follows_the_target(method):
 def test_tree_options_are_checked():
     target, params = tiny_target(seed=1, vocab=V)
     dflash_cfg = draft_config(V, method="dflash")
-    with pytest.raises(ValueError, match="dominotree"):
-        TreeDrafter(dflash_cfg, target, "dominotree")
+    with pytest.raises(ValueError, match="'dominotree' needs a Domino checkpoint"):
+        make_drafter(dflash_cfg, target, "dominotree")
     with pytest.raises(ValueError, match="budget"):
-        TreeDrafter(dflash_cfg, target, "ddtree", budget=0)
-    with pytest.raises(ValueError, match="unknown tree builder 'beam'"):
-        TreeDrafter(dflash_cfg, target, "ddtree", builder="beam")
+        TreeOptions(budget=0)
+    with pytest.raises(ValueError, match="node_topk"):
+        DominoTreeOptions(node_topk=0)
+    with pytest.raises(ValueError, match="'ddtree' has no option node_topk"):
+        method_options("ddtree", node_topk=4)
     with pytest.raises(ValueError, match="match"):
         DecodeConfig(method="ddtree", verify="rejection")

@@ -14,6 +14,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -22,6 +23,7 @@ from domino_jax.console import add_verbose_flag, setup_logging, step
 from domino_jax.decode.ngram import NGRAM_DEFAULTS, OCCURRENCES
 from domino_jax.pallas import (ATTENTION_IMPLEMENTATIONS, DEFAULT_PREFILL_CHUNK,
                                PREFILL_ATTENTION_IMPLEMENTATIONS)
+
 
 DEFAULT_PROMPT = "Explain in three sentences why the sky is blue."
 log = logging.getLogger("domino_jax.decode")
@@ -38,14 +40,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", default=None,
                    help="ar | ngram | dflash | domino | ddtree | dominotree (default: domino "
                    "when a drafter is given, else ar; ngram = prompt lookup, no drafter)")
-    p.add_argument("--ngram-max", type=int, default=NGRAM_DEFAULTS.max_ngram,
+    p.add_argument("--ngram-max", dest="max_ngram", type=int, default=NGRAM_DEFAULTS.max_ngram,
                    help="ngram: longest suffix matched against the context")
-    p.add_argument("--ngram-min", type=int, default=NGRAM_DEFAULTS.min_ngram,
+    p.add_argument("--ngram-min", dest="min_ngram", type=int, default=NGRAM_DEFAULTS.min_ngram,
                    help="ngram: shortest suffix that may match (no match: the round verifies "
                    "fillers)")
-    p.add_argument("--ngram-tokens", type=int, default=NGRAM_DEFAULTS.num_tokens,
+    p.add_argument("--ngram-tokens", dest="num_tokens", type=int,
+                   default=NGRAM_DEFAULTS.num_tokens,
                    help="ngram: tokens proposed per round (verify width ngram-tokens+1)")
-    p.add_argument("--ngram-occurrence", choices=OCCURRENCES,
+    p.add_argument("--ngram-occurrence", dest="occurrence", choices=OCCURRENCES,
                    default=NGRAM_DEFAULTS.occurrence,
                    help="ngram: continue the latest (vLLM) or the first (transformers) "
                    "earlier occurrence of the matched suffix")
@@ -77,14 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="attention of the prefill chunks: 'blockwise' (default: flash-style "
                         "in XLA, one key block of scores at a time), 'xla' (one score matrix "
                         "per chunk), 'cudnn' (cuDNN flash attention; GPU, bfloat16)")
-    p.add_argument("--draft-window", type=int, default=None, metavar="W",
+    p.add_argument("--draft-window", dest="context_window", type=int, default=None,
+                   metavar="W",
                    help="the drafter's layers read at most the last W context positions (a "
                         "sliding window: draft cost stops growing with the context; drafts "
                         "change only once the context exceeds W). Default: the checkpoint's "
                         "layout (full attention unless it declares sliding layers)")
-    p.add_argument("--tree-builder", default="frontier", choices=("frontier", "heap"),
-                   help="tree methods: 'frontier' (one batched step per depth, default) or "
-                        "'heap' (one pop per node); both build the same tree")
     p.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
                    help="split the target and the drafter over N devices (attention heads, "
                         "MLP columns, vocabulary; N must divide the head counts); loads the "
@@ -93,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a prompt (repeat for a batch); default: a built-in question")
     p.add_argument("--prompt-file", help="a text file, one prompt per non-empty line (a batch)")
     p.add_argument("--chat", dest="chat", action="store_true", default=True,
-                   help="apply the tokenizer's chat template (default)")
+                   help="apply the tokenizer's chat template (default; Qwen3 thinking mode off, "
+                        "as the drafters are trained)")
     p.add_argument("--no-chat", dest="chat", action="store_false", help="raw prompt text")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -106,7 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-id", type=int, action="append", default=[],
                    help="extra stop token id (the tokenizer's eos is always one)")
     p.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
-                   help="auto = bfloat16 on GPU/TPU, float32 on CPU")
+                   help="auto = bfloat16 on GPU/TPU, float32 on CPU. float32 runs every matmul "
+                        "at full float32 precision (no TF32 on GPUs), so greedy outputs equal "
+                        "exact AR")
     p.add_argument("--compare-ar", dest="compare_ar", action="store_true", default=None,
                    help="also run AR on the same prompts; print the speedup and whether the "
                    "outputs are identical (on by default for the embedded demo)")
@@ -137,53 +141,32 @@ def _run(args) -> int:
 
     from domino_jax.decode.loading import (default_models, encode_prompt, load_pair,
                                            load_tokenizer, stop_token_ids)
+    from domino_jax.decode.methods import drafter_class, method_options
     from domino_jax.decode.prefill import PrefillConfig
     from domino_jax.decode.report import decode_and_report
     from domino_jax.decode.sampling import SamplingConfig
-    from domino_jax.decode.speculative import METHODS, DecodeConfig
+    from domino_jax.decode.speculative import DecodeConfig
 
     target_dir, draft_dir = default_models(args.target, args.draft)
     if args.compare_ar is None:
         args.compare_ar = args.target is None     # the demo shows tau and the speedup
     method = args.method or ("domino" if draft_dir else "ar")
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    if method == "ngram" and args.draft:
-        raise ValueError("--method ngram (prompt lookup) uses no drafter: drop --draft")
-    if method not in ("ar", "ngram") and not draft_dir:
+    drafter_cls = drafter_class(method)
+    if drafter_cls.needs_checkpoint and not draft_dir:
         raise ValueError(f"method {method!r} needs a drafter: pass --draft DIR")
-    dtype = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}.get(
-        args.dtype, jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16)
-    drafter_options = ({} if method in ("ar", "dflash") else
-                       dict(head_topm=args.head_topm) if method == "domino" else
-                       dict(max_ngram=args.ngram_max, min_ngram=args.ngram_min,
-                            num_tokens=args.ngram_tokens, occurrence=args.ngram_occurrence)
-                       if method == "ngram" else
-                       dict(budget=args.budget, topm=args.topm, node_topk=args.node_topk,
-                            builder=args.tree_builder))
-    if args.draft_window is not None:
-        if method in ("ar", "ngram"):
-            raise ValueError("--draft-window sets the drafter's context window: it needs a "
-                             f"drafter method, not {method!r}")
-        drafter_options["context_window"] = args.draft_window
+    if not drafter_cls.needs_checkpoint and args.draft:
+        raise ValueError(f"--method {method} uses no drafter checkpoint: drop --draft")
+    uses_draft = drafter_cls.needs_checkpoint
+    options = method_options(method, **_given_options(args, drafter_cls.Options))
     prefill = PrefillConfig(chunk=args.prefill_chunk, attention=args.prefill_attention)
-    uses_draft = method not in ("ar", "ngram")
-    mesh = tensor_parallel_mesh(args.tensor_parallel, target_dir,
+    config = DecodeConfig(                            # every option checked before loading
+        method=method, max_new_tokens=args.max_new_tokens,
+        sampling=SamplingConfig(args.temperature, args.top_k, args.top_p),
+        draft_policy=args.draft_policy, draft_temperature=args.draft_temperature,
+        verify=args.verify, prefill=prefill)
+    mesh = tensor_parallel_mesh(args.tensor_parallel, target_dir,   # before any weights
                                 draft_dir if uses_draft else None)
-    with step("loading target", target_dir, *(["+ drafter", draft_dir] if uses_draft
-                                               else [])):
-        target, target_params, drafter, draft_params = load_pair(
-            target_dir, draft_dir if uses_draft else None, method, dtype,
-            head_input_table=args.head_input_table, attention=args.attention,
-            fused=mesh is None, **drafter_options)
-    if mesh is not None:
-        from domino_jax.decode.tensor_parallel import shard_for_decode
-
-        target_params, draft_params = shard_for_decode(
-            mesh, target.config, target_params, draft_params,
-            getattr(drafter, "config", None) if draft_params is not None else None)
-    tokenizer = load_tokenizer(target_dir)
-
+    tokenizer = load_tokenizer(target_dir)            # before any weights: fail fast
     texts = list(args.prompt or [])
     if args.prompt_file:
         if not os.path.exists(args.prompt_file):
@@ -192,14 +175,23 @@ def _run(args) -> int:
             texts += [line.strip() for line in f if line.strip()]
     texts = texts or [DEFAULT_PROMPT]
     prompts = [encode_prompt(tokenizer, t, args.chat) for t in texts]
+    dtype = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}.get(
+        args.dtype, jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16)
+    with step("loading target", target_dir, *(["+ drafter", draft_dir] if uses_draft
+                                               else [])):
+        target, target_params, drafter, draft_params = load_pair(
+            target_dir, draft_dir if uses_draft else None, method, dtype,
+            head_input_table=args.head_input_table, attention=args.attention,
+            fused=mesh is None, options=options)
+    if mesh is not None:
+        from domino_jax.decode.tensor_parallel import shard_for_decode
+
+        target_params, draft_params = shard_for_decode(
+            mesh, target.config, target_params, draft_params,
+            getattr(drafter, "config", None) if draft_params is not None else None)
     stop_ids = stop_token_ids(tokenizer, target.config, args.stop_id)
-    config = DecodeConfig(
-        method=method, max_new_tokens=args.max_new_tokens,
-        sampling=SamplingConfig(args.temperature, args.top_k, args.top_p),
-        draft_policy=args.draft_policy, draft_temperature=args.draft_temperature,
-        verify=args.verify, stop_token_ids=stop_ids, prefill=prefill)
-    print(f"[domino_jax] target={target_dir} "
-          f"draft={draft_dir if method not in ('ar', 'ngram') else '-'} "
+    config = dataclasses.replace(config, stop_token_ids=stop_ids)
+    print(f"[domino_jax] target={target_dir} draft={draft_dir if uses_draft else '-'} "
           f"method={method} T={args.temperature} backend={jax.default_backend()}",
           file=sys.stderr)
 
@@ -223,6 +215,26 @@ def tensor_parallel_mesh(n: int, target_dir: str, draft_dir: str | None):
     check_tensor_parallel(n, TargetConfig.from_path(target_dir),
                           DraftConfig.from_path(draft_dir) if draft_dir else None)
     return tensor_mesh(n)
+
+
+# the flags of the methods' options: option field -> flag (a flag's dest is the field's name)
+OPTION_FLAGS = {"budget": "--budget", "topm": "--topm", "node_topk": "--node-topk",
+                "head_topm": "--head-topm", "context_window": "--draft-window",
+                "max_ngram": "--ngram-max", "min_ngram": "--ngram-min",
+                "num_tokens": "--ngram-tokens", "occurrence": "--ngram-occurrence"}
+
+
+def _given_options(args, options_cls) -> dict:
+    """The method's options from the command line: every field of ``options_cls``; a flag
+    of another method's option given with a non-default value is an error (it would be
+    silently ignored)."""
+    fields = {f.name for f in dataclasses.fields(options_cls)}
+    defaults = build_parser()
+    for name, flag in OPTION_FLAGS.items():
+        if name not in fields and getattr(args, name) != defaults.get_default(name):
+            raise ValueError(f"{flag} is not an option of --method {args.method or 'the '
+                             'default method'}")
+    return {name: getattr(args, name) for name in fields if name in OPTION_FLAGS}
 
 
 if __name__ == "__main__":

@@ -1,187 +1,238 @@
-"""Chain drafters for the generate loop: DFlash (backbone only) and Domino (backbone + head).
+"""Block drafters: a DFlash backbone drafts a block of ``K`` positions in one forward; the
+chain methods choose one token per position (DFlash: argmax/sample of the base logits;
+Domino: the head's causal rollout), the tree methods (:mod:`domino_jax.decode.tree_drafters`)
+build a best-first tree over them. All are siblings on :class:`BlockDrafter`, which holds
+the shared block drafting:
 
-A drafter is a static, hashable description (configs and modules, no arrays); parameters
-travel as pytrees through the jitted functions. The loop calls:
+* :meth:`BlockDrafter.context_features` on a target forward's output -> ``[B, T, n*H]``;
+* :meth:`BlockDrafter.ingest_context` on each prefill chunk (draft cache <- prompt context);
+* :meth:`BlockDrafter.draft_block` each round -> ``(draft_hidden [B, K, H], base_logits
+  [B, K, V] f32, draft_cache)``: the backbone over ``[root, MASK...]`` with the last
+  commit's context rows (committed to the draft cache; the block is not).
 
-* ``num_drafts`` (K) and ``tap_ids`` (the target hidden taps it needs);
-* :meth:`ChainDrafter.context_features` on a target forward's output -> ``[B, T, n*H]``;
-* :meth:`ChainDrafter.ingest_prompt` once after prefill (draft cache <- prompt context);
-* :meth:`ChainDrafter.propose` each round -> ``drafts [B, K]``, the draft distribution's
-  log-probs ``[B, K, V]`` (one-hot for greedy drafts; what ``rejection`` verification uses
-  as ``q``) and the updated draft cache (context committed, block dropped).
-
-Indexing (algorithms.md §3.2): both draft K = ``k_draft`` positions: all B slots with
-``shift_label`` (released Domino checkpoints), slots 1..B-1 without (DFlash, K = B-1).
-``method="dflash"`` on a Domino checkpoint drafts the argmax of its base logits.
+Indexing (docs/algorithms.md §3.2): both draft ``K = k_draft`` positions: all ``B`` block
+slots with ``shift_label`` (released Domino checkpoints), slots ``1..B-1`` without (DFlash,
+``K = B-1``). ``dflash`` on a Domino checkpoint drafts the argmax of its base logits.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 
 from domino_jax.config import DraftConfig
+from domino_jax.decode.contract import Drafter, PromptChunk, Proposal
 from domino_jax.kv_cache import align_slots
 from domino_jax.models import dflash, domino_head
 from domino_jax.models.qwen3 import TargetLM, TargetOutput
-
-
-def check_context_window(window: int | None) -> None:
-    """``ValueError`` unless ``window`` (``--draft-window``) is ``None`` or >= 1."""
-    if window is not None and window < 1:
-        raise ValueError(f"draft context window (--draft-window) must be >= 1 position, got "
-                         f"{window}")
 
 
 def one_hot_log_probs(tokens: jax.Array, vocab: int) -> jax.Array:
     return jnp.where(jax.nn.one_hot(tokens, vocab, dtype=bool), 0.0, -jnp.inf)
 
 
-@dataclasses.dataclass(frozen=True)
-class ChainDrafter:
-    config: DraftConfig
-    target: TargetLM
-    method: str = "domino"            # "dflash" | "domino"
-    head_topm: int = 0                # Domino: candidate pool per position (0 = full vocab)
-    context_window: int | None = None  # draft layers read at most the last W positions
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BlockOptions:
+    """Options of every block drafter. ``context_window``: the draft layers read at most the
+    last ``W`` context positions (a sliding window, ``--draft-window``: draft cost stops
+    growing with the context; drafts change only once the context exceeds ``W``); ``None``:
+    the checkpoint's layout (full attention unless it declares sliding layers)."""
+
+    context_window: int | None = None
 
     def __post_init__(self):
-        if self.method not in ("dflash", "domino"):
-            raise ValueError(f"unknown drafter method {self.method!r}")
-        if self.method == "domino" and not self.config.has_domino_head:
-            raise ValueError("method 'domino' needs a Domino checkpoint (projector_type "
+        if self.context_window is not None and self.context_window < 1:
+            raise ValueError(f"draft context window (--draft-window) must be >= 1 position, "
+                             f"got {self.context_window}")
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockDrafter(Drafter):
+    """A DFlash block backbone over the target's hidden taps (``config``: the checkpoint's
+    :class:`~domino_jax.config.DraftConfig`; ``target``: the target it drafts for, whose
+    embedding and LM head it borrows)."""
+
+    Options: ClassVar[type] = BlockOptions
+    config: DraftConfig
+    target: TargetLM
+    options: BlockOptions = BlockOptions()
+
+    def __post_init__(self):
+        if self.needs_head and not self.config.has_domino_head:
+            raise ValueError(f"method {self.method!r} needs a Domino checkpoint (projector_type "
                              "'domino' with prefix_gru/embed_proj tensors); this drafter is "
-                             "plain DFlash: use --method dflash")
-        if self.head_topm < 0:
-            raise ValueError(f"head_topm must be >= 0 (0 = full vocabulary), got "
-                             f"{self.head_topm}")
-        check_context_window(self.context_window)
+                             "plain DFlash: use a method without the head (dflash, ddtree)")
+
+    @classmethod
+    def build(cls, draft_config, target, options) -> "BlockDrafter":
+        return cls(draft_config, target, options)
 
     @property
     def backbone(self) -> dflash.DFlashBackbone:
         return dflash.DFlashBackbone(self.config, dtype=self.target.dtype,
                                      param_dtype=self.target.param_dtype,
                                      attention_impl=self.target.attention_impl,
-                                     context_window=self.context_window)
-
-    is_tree = False
+                                     context_window=self.options.context_window)
 
     @property
-    def num_drafts(self) -> int:
-        """K draft positions per block: all B slots with ``shift_label``, else slots 1..B-1."""
+    def num_positions(self) -> int:
+        """``K`` draft positions per block: all B slots with ``shift_label``, else 1..B-1."""
         return self.config.k_draft
 
     @property
-    def verify_width(self) -> int:
-        """Tokens the target verifies per round (root + drafts)."""
-        return self.num_drafts + 1
-
-    @property
-    def max_commit(self) -> int:
-        """Most tokens one round can commit (accepted drafts + bonus)."""
-        return self.num_drafts + 1
+    def num_drafts(self) -> int:
+        return self.num_positions
 
     @property
     def tap_ids(self) -> tuple[int, ...]:
         return dflash.target_tap_ids(self.config)
 
+    @property
+    def feature_dim(self) -> int:
+        return self.config.num_taps * self.config.hidden_size
+
     def context_features(self, out: TargetOutput) -> jax.Array:
         return dflash.context_features(self.config, out.taps, out.hidden)
 
-    def max_capacity(self, capacity: int) -> int:
-        return capacity
-
-    def _cache(self, batch: int, capacity: int):
-        # prompt context + one round of (context rows + block) scratch
+    def new_context_cache(self, batch: int, capacity: int):
+        """An empty draft cache for a target cache of ``capacity`` slots: the prompt
+        context and one round of (context rows + block) scratch."""
         slots = align_slots(capacity + self.max_commit + self.config.block_size)
         return dflash.new_draft_cache(self.config, batch, slots, self.target.dtype)
 
-    def _embed(self, target_params, tokens):
+    def embed(self, target_params, tokens):
+        """The target's embeddings of ``tokens [...]`` -> ``[..., H]``."""
         return self.target.apply({"params": target_params}, tokens, method=TargetLM.embed)
 
-    def _lm_head(self, target_params, hidden):
+    def lm_head(self, target_params, hidden):
+        """The target's LM head on ``hidden [..., H]`` -> float32 ``[..., V]``."""
         return self.target.apply({"params": target_params}, hidden, method=TargetLM.logits)
 
-    def _block(self, target_params, root, start, draft_params=None):
+    def block_inputs(self, target_params, root, start, draft_params=None):
+        """Embeddings ``[B, Bk, H]`` and positions ``[B, Bk]`` of the block ``[root, MASK...]``
+        whose root sits at ``start [B]``."""
         batch, block = root.shape[0], self.config.block_size
         tokens = jnp.full((batch, block), self.config.mask_token_id, jnp.int32)
         tokens = tokens.at[:, 0].set(root)
         positions = start[:, None] + jnp.arange(block, dtype=jnp.int32)[None, :]
-        embeds = self._embed(target_params, tokens)
+        embeds = self.embed(target_params, tokens)
         if draft_params is not None and "mask_embedding" in draft_params:
-            # our learned mask token (algorithms.md §9.15) replaces the target's mask row
+            # our learned mask token (docs/algorithms.md §9.15) replaces the target's mask row
             slot = jnp.arange(block)[None, :, None]
             embeds = jnp.where(slot > 0, draft_params["mask_embedding"].astype(embeds.dtype),
                                embeds)
         return embeds, positions
 
-    def ingest_prompt(self, target_params, draft_params, features, positions, prompt_len,
-                      capacity: int):
-        """Fill an empty draft cache with the prompt context (the block is a dummy)."""
-        return self.ingest_context(target_params, draft_params, features, positions,
-                                   prompt_len, self.new_context_cache(features.shape[0],
-                                                                      capacity))
+    def ingest_context(self, target_params, draft_params, chunk: PromptChunk, draft_cache):
+        """Commit the chunk's first ``chunk.lengths[b]`` rows of context features (at
+        ``chunk.positions``, contiguous from the cache's length) to the draft cache: one
+        backbone forward with a dummy block after them. The context K/V of a row depend on
+        that row alone, so chunks commit what one call over the whole prompt would."""
+        features = self.context_features(chunk.out)
+        embeds, block_pos = self.block_inputs(target_params, jnp.zeros_like(chunk.lengths),
+                                              chunk.positions[:, 0] + chunk.lengths,
+                                              draft_params)
+        _, draft_cache = self.backbone.apply({"params": draft_params["backbone"]}, features,
+                                             chunk.positions, chunk.lengths, embeds, block_pos,
+                                             draft_cache)
+        return draft_cache
 
-    def new_context_cache(self, batch: int, capacity: int):
-        """An empty draft cache for a target cache of ``capacity`` slots."""
-        return self._cache(batch, capacity)
-
-    def ingest_context(self, target_params, draft_params, features, positions, lengths,
-                       cache):
-        """Commit the first ``lengths[b]`` rows of ``features [B, T, F]`` (at ``positions
-        [B, T]``, contiguous from the cache's length) to the draft cache: one backbone
-        forward with a dummy block after them. A chunked prefill calls it once per chunk;
-        the context K/V of a row depend on that row alone, so chunks commit what one call
-        over the whole prompt would."""
-        embeds, block_pos = self._block(target_params, jnp.zeros_like(lengths),
-                                        positions[:, 0] + lengths, draft_params)
-        _, cache = self.backbone.apply({"params": draft_params["backbone"]}, features, positions,
-                                       lengths, embeds, block_pos, cache)
-        return cache
-
-    def draft_block(self, target_params, draft_params, root, start, context, context_len,
-                    draft_cache):
-        """One backbone forward: ``(draft_hidden [B, K, H], base_logits [B, K, V] f32,
-        draft_cache)`` for the K draft positions after ``root`` (at position ``start [B]``);
-        the new ``context`` rows are committed to the draft cache, the block is not."""
+    def block_hidden(self, target_params, draft_params, root, start, context, context_len,
+                     draft_cache):
+        """The backbone over the block after ``root`` (at position ``start [B]``) with the
+        new ``context [B, W, F]`` rows (``context_len [B]`` valid): ``(draft_hidden [B, K, H],
+        draft_cache)``; the context is committed to the draft cache, the block is not."""
         width = context.shape[1]
         context_pos = (start - context_len)[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
-        embeds, block_pos = self._block(target_params, root, start, draft_params)
+        embeds, block_pos = self.block_inputs(target_params, root, start, draft_params)
         hidden, draft_cache = self.backbone.apply(
             {"params": draft_params["backbone"]}, context, context_pos, context_len, embeds,
             block_pos, draft_cache)
         if not self.config.shift_label:
             hidden = hidden[:, 1:]                    # slot 0 (the root) predicts nothing
-        hidden = hidden[:, :self.num_drafts]
-        return hidden, self._lm_head(target_params, hidden), draft_cache
+        return hidden[:, :self.num_positions], draft_cache
 
-    def propose(self, target_params, draft_params, root, start, context, context_len,
-                draft_cache, key, decode_config):
-        """Draft K tokens after ``root`` (at absolute position ``start [B]``)."""
-        hidden, base, draft_cache = self.draft_block(target_params, draft_params, root, start,
-                                                     context, context_len, draft_cache)
-        sample = decode_config.draft_policy == "sample"
-        temp = decode_config.draft_temperature
+    def draft_block(self, target_params, draft_params, state):
+        """This round's block: ``(draft_hidden [B, K, H], base_logits [B, K, V] f32,
+        draft_cache)`` (:meth:`block_hidden` and the target's LM head)."""
+        hidden, draft_cache = self.block_hidden(
+            target_params, draft_params, state.root, state.target_cache.lengths, state.context,
+            state.context_len, state.draft_cache)
+        return hidden, self.lm_head(target_params, hidden), draft_cache
 
-        def choose_fn(logits, k):
-            if sample:
-                return jax.random.categorical(k, logits / temp, axis=-1).astype(jnp.int32)
-            return jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
-        if self.method == "dflash":
-            keys = jax.random.split(key, self.num_drafts)
-            drafts = jax.vmap(choose_fn, in_axes=(1, 0), out_axes=1)(base, keys)
-            logits = base
-        else:
-            embed_table = target_params["embed_tokens"]["embedding"]
-            root_embed = self._embed(target_params, root)
-            drafts, logits = domino_head.rollout(
-                draft_params["head"], self.config, hidden, base, root_embed, embed_table,
-                choose_fn, key, candidate_topm=self.head_topm)
+def _chooser(config):
+    """``(logits [B, n] f32, key) -> [B] int32`` for the config's draft policy."""
+    sample = config.draft_policy == "sample"
+    temp = config.draft_temperature
+
+    def choose_fn(logits, k):
         if sample:
-            log_q = jax.nn.log_softmax(logits / temp, axis=-1)
-        else:
-            log_q = one_hot_log_probs(drafts, logits.shape[-1])
-        return drafts, log_q, draft_cache
+            return jax.random.categorical(k, logits / temp, axis=-1).astype(jnp.int32)
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    return choose_fn
+
+
+def _draft_log_probs(drafts, logits, config):
+    """``q [B, K, V]``: the distribution each draft was chosen from."""
+    if config.draft_policy == "sample":
+        return jax.nn.log_softmax(logits / config.draft_temperature, axis=-1)
+    return one_hot_log_probs(drafts, logits.shape[-1])
+
+
+@dataclasses.dataclass(frozen=True)
+class DFlashDrafter(BlockDrafter):
+    """DFlash: each position's token from the backbone's base logits (argmax, or sampled
+    under ``--draft-policy sample``); any DFlash or Domino checkpoint."""
+
+    method: ClassVar[str] = "dflash"
+
+    def propose(self, target_params, draft_params, state, key, config) -> Proposal:
+        _, base, draft_cache = self.draft_block(target_params, draft_params, state)
+        keys = jax.random.split(key, self.num_drafts)
+        drafts = jax.vmap(_chooser(config), in_axes=(1, 0), out_axes=1)(base, keys)
+        return Proposal(drafts, draft_cache, _draft_log_probs(drafts, base, config))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DominoOptions(BlockOptions):
+    """``head_topm``: corrected drafts choose among the top-M base tokens of their position
+    (a candidate pool, as SGLang's Domino rollout; much faster head); 0 = the full
+    vocabulary, the reference's drafts."""
+
+    head_topm: int = 0
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.head_topm < 0:
+            raise ValueError(f"head_topm must be >= 0 (0 = full vocabulary), got "
+                             f"{self.head_topm}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DominoDrafter(BlockDrafter):
+    """Domino: the backbone's block, then the head's causal rollout (each corrected position
+    sees the GRU state of the drafts before it); needs a Domino checkpoint."""
+
+    method: ClassVar[str] = "domino"
+    Options: ClassVar[type] = DominoOptions
+    needs_head: ClassVar[bool] = True
+    options: DominoOptions = DominoOptions()
+
+    def propose(self, target_params, draft_params, state, key, config) -> Proposal:
+        hidden, base, draft_cache = self.draft_block(target_params, draft_params, state)
+        drafts, logits = self.rollout(target_params, draft_params, hidden, base, state.root,
+                                      key, config)
+        return Proposal(drafts, draft_cache, _draft_log_probs(drafts, logits, config))
+
+    def rollout(self, target_params, draft_params, hidden, base, root, key, config):
+        """The head's drafts ``[B, K]`` and the logits ``[B, K, V]`` they were chosen from
+        (:func:`~domino_jax.models.domino_head.rollout`)."""
+        embed_table = target_params["embed_tokens"]["embedding"]
+        return domino_head.rollout(
+            draft_params["head"], self.config, hidden, base, self.embed(target_params, root),
+            embed_table, _chooser(config), key, candidate_topm=self.options.head_topm)

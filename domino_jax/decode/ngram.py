@@ -22,17 +22,21 @@ lossless.
 loop over ``n``: one ``[B, L, max_ngram]`` comparison), :func:`reference_lookup` a plain
 Python/numpy version of the same rule for the tests and the offline measurement
 (``benchmarks/ngram_smollm2.py``), and :class:`NgramDrafter` the chain drafter the decode
-loop runs (``--method ngram``).
+loop runs (``--method ngram``; the whole drafter is the class: the round contract of
+:mod:`domino_jax.decode.contract`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple, Sequence
+from typing import ClassVar, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from domino_jax.decode.contract import Drafter, Proposal
+from domino_jax.decode.tree import DraftTree
 
 OCCURRENCES = ("first", "latest")
 
@@ -161,8 +165,6 @@ def graft_branch(tree, branch: jax.Array, found: jax.Array, reserve: int):
     remaining reserved slots are invalid. Grafted nodes have score 0 (scores rank nothing
     after the build).
     """
-    from domino_jax.decode.tree import DraftTree
-
     num_nodes, length = tree.tokens.shape[0], branch.shape[0]
     if not 1 <= length <= reserve <= num_nodes:
         raise ValueError(f"graft: need 1 <= branch length ({length}) <= reserve ({reserve}) "
@@ -196,13 +198,11 @@ def graft_branch(tree, branch: jax.Array, found: jax.Array, reserve: int):
                      valid=valid)
 
 
-@dataclasses.dataclass(frozen=True)
-class NgramDrafter:
-    """``--method ngram``: a chain drafter with no model. Each round the loop hands it the
-    row's context buffer (:attr:`reads_history`: prompt and committed tokens by position,
-    the root at ``start``) and it proposes :func:`lookup_drafts`' K tokens; the target
-    verifies them as any chain. Drafts are deterministic: ``rejection`` verification uses a
-    one-hot ``q`` (the same acceptance as ``match``)."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NgramOptions:
+    """``--method ngram``'s options (defaults from ``benchmarks/ngram_smollm2.py``): the
+    suffix lengths tried (``max_ngram`` down to ``min_ngram``), ``num_tokens`` drafts per
+    round, which ``occurrence`` continues, ``wrap`` (see :func:`lookup_drafts`)."""
 
     max_ngram: int = 4
     min_ngram: int = 1
@@ -210,49 +210,37 @@ class NgramDrafter:
     occurrence: str = "latest"
     wrap: bool = True
 
-    method = "ngram"
-    is_tree = False
-    reads_history = True
-    tap_ids: tuple[int, ...] = ()
-
     def __post_init__(self):
         check_lookup_options(self.max_ngram, self.min_ngram, self.num_tokens, self.occurrence)
 
+
+@dataclasses.dataclass(frozen=True)
+class NgramDrafter(Drafter):
+    """``--method ngram``: a chain drafter with no model. Each round it reads the loop's
+    context buffer (``reads_history``: prompt and committed tokens by position, the root at
+    ``target_cache.lengths``) and proposes :func:`lookup_drafts`' K tokens; the target
+    verifies them as any chain. Drafts are deterministic (no ``q``: ``rejection``
+    verification falls back to ``match``, the same acceptance a one-hot ``q`` gives)."""
+
+    method: ClassVar[str] = "ngram"
+    Options: ClassVar[type] = NgramOptions
+    needs_checkpoint: ClassVar[bool] = False
+    reads_history: ClassVar[bool] = True
+    draft_policies: ClassVar[tuple[str, ...]] = ("greedy",)
+    options: NgramOptions = NgramOptions()
+
     @property
     def num_drafts(self) -> int:
-        return self.num_tokens
+        return self.options.num_tokens
 
-    @property
-    def verify_width(self) -> int:
-        return self.num_tokens + 1
-
-    @property
-    def max_commit(self) -> int:
-        return self.num_tokens + 1
-
-    def max_capacity(self, capacity: int) -> int:
-        return capacity
-
-    def context_features(self, out) -> jax.Array:
-        """No features: ``[B, T, 0]``."""
-        return jnp.zeros(out.hidden.shape[:2] + (0,), out.hidden.dtype)
-
-    def ingest_prompt(self, target_params, draft_params, features, positions, prompt_len,
-                      capacity: int):
-        return None                                  # the context buffer is the loop's
-
-    def propose(self, target_params, draft_params, root, start, context, context_len,
-                draft_cache, key, decode_config, history=None):
-        """``(drafts [B, K], one-hot log q [B, K, V] or None, None)`` from ``history [B, C]``
-        whose first ``start + 1`` tokens are the row's context (the root at ``start``)."""
-        del target_params, draft_params, context, context_len, draft_cache, key
-        if history is None:
-            raise ValueError("the ngram drafter reads the loop's context buffer (history)")
-        lookup = lookup_drafts(history, start + 1, max_ngram=self.max_ngram,
-                               min_ngram=self.min_ngram, num_tokens=self.num_tokens,
-                               occurrence=self.occurrence, wrap=self.wrap)
-        del root                                     # history[start] == root
-        return lookup.drafts, None, None             # deterministic: verified by match
+    def propose(self, target_params, draft_params, state, key, config) -> Proposal:
+        """``[B, K]`` drafts from ``state.history``, whose first ``lengths + 1`` tokens are
+        the row's context (the root last)."""
+        o = self.options
+        lookup = lookup_drafts(state.history, state.target_cache.lengths + 1,
+                               max_ngram=o.max_ngram, min_ngram=o.min_ngram,
+                               num_tokens=o.num_tokens, occurrence=o.occurrence, wrap=o.wrap)
+        return Proposal(lookup.drafts)
 
 
-NGRAM_DEFAULTS = NgramDrafter()      # the CLI's defaults (benchmarks/ngram_smollm2.py chose them)
+NGRAM_DEFAULTS = NgramOptions()      # the CLI's defaults (benchmarks/ngram_smollm2.py chose them)

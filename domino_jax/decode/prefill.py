@@ -1,8 +1,10 @@
 """The prompt's prefill, with memory linear in the prompt; the context-length check.
 
 :func:`prefill_prompt` runs the target over the right-padded prompts ``[B, W]`` (writing
-their K/V into a new cache), returns the logits at each row's last prompt token and fills
-the drafter's cache with the prompt context. Two ways, chosen by :class:`PrefillConfig`:
+their K/V into a new cache), returns the logits at each row's last prompt token and hands
+the prompt to the drafter (:meth:`~domino_jax.decode.contract.Drafter.new_context_cache`,
+then :meth:`~domino_jax.decode.contract.Drafter.ingest_context` per chunk). Two ways, chosen
+by :class:`PrefillConfig`:
 
 * **one forward** when ``W <= chunk`` (or ``chunk == 0``): the whole prompt at once,
   attention through the target's own ``attention_impl`` (``"xla"``: one ``[T, S]`` score
@@ -12,8 +14,9 @@ the drafter's cache with the prompt context. Two ways, chosen by :class:`Prefill
   cache written so far plus themselves (causal: key slot ``<= s_i + t``) with
   ``PrefillConfig.attention`` (default ``"blockwise"``: flash-style, one key block of
   scores at a time, :mod:`domino_jax.models.blockwise_attention`). Only the chunk's hidden
-  states and taps exist at a time: the drafter's context features of the chunk are written
-  into the draft cache at once (``ingest_context``), the hidden state at each row's last
+  states and taps exist at a time: the drafter ingests the chunk at once
+  (``ingest_context``: a block drafter writes its context features into its cache), the
+  hidden state at each row's last
   prompt token is kept, and the LM head runs once on those rows at the end. Peak memory:
   the caches plus ``O(chunk * (hidden + intermediate + taps) + heads * chunk * key_block)``,
   independent of ``W`` (``tests/test_long_prompts.py`` pins it with
@@ -34,6 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from domino_jax.config import TargetConfig
+from domino_jax.decode.contract import NO_DRAFTER, Drafter, PromptChunk
 from domino_jax.kv_cache import KVCache
 from domino_jax.models.qwen3 import TargetLM, new_cache
 from domino_jax.pallas import DEFAULT_PREFILL_CHUNK, PREFILL_ATTENTION_IMPLEMENTATIONS
@@ -110,17 +114,17 @@ def chunk_plan(width: int, chunk: int) -> tuple[int, int]:
 class PrefillOutput(NamedTuple):
     cache: KVCache                 # the prompt's K/V, lengths = prompt_len
     logits: jax.Array              # [B, V] float32 at each row's last prompt token
-    draft_cache: object            # the drafter's cache with the prompt context (or None)
-    feature_dim: int               # width of one row of the drafter's context features
+    draft_cache: object            # the drafter's state after the prompt (None for AR)
 
 
-def prefill_prompt(target: TargetLM, drafter, target_params, draft_params, prompt: jax.Array,
-                   prompt_len: jax.Array, capacity: int,
+def prefill_prompt(target: TargetLM, drafter: Drafter | None, target_params, draft_params,
+                   prompt: jax.Array, prompt_len: jax.Array, capacity: int,
                    config: PrefillConfig = PrefillConfig()) -> PrefillOutput:
     """Prefill the right-padded ``prompt [B, W]`` (``prompt_len [B]`` real tokens) into a
-    new target cache of ``capacity`` slots and, when ``drafter`` is given, its cache.
+    new target cache of ``capacity`` slots and the drafter's state (``None``: AR).
 
     Runs inside jit (``target``, ``drafter``, ``capacity`` and ``config`` static)."""
+    drafter = NO_DRAFTER if drafter is None else drafter
     batch, width = prompt.shape
     num_chunks, _ = chunk_plan(width, config.chunk)
     prompt_len = prompt_len.astype(jnp.int32)
@@ -137,17 +141,13 @@ def _prefill_whole(target, drafter, target_params, draft_params, prompt, prompt_
     batch, width = prompt.shape
     cache = new_cache(target.config, batch, capacity, target.dtype)
     positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
-    tap_ids = drafter.tap_ids if drafter is not None else ()
     out = target.apply({"params": target_params}, prompt, positions, cache=cache,
-                       tap_ids=tap_ids, logits_indices=(prompt_len - 1)[:, None])
+                       tap_ids=drafter.tap_ids, logits_indices=(prompt_len - 1)[:, None])
     cache = out.cache.replace(lengths=prompt_len)
-    draft_cache, feature_dim = None, 0
-    if drafter is not None:
-        features = drafter.context_features(out)
-        draft_cache = drafter.ingest_prompt(target_params, draft_params, features, positions,
-                                            prompt_len, capacity)
-        feature_dim = features.shape[-1]
-    return PrefillOutput(cache, out.logits[:, 0], draft_cache, feature_dim)
+    draft_cache = drafter.ingest_context(target_params, draft_params,
+                                         PromptChunk(out, prompt, positions, prompt_len),
+                                         drafter.new_context_cache(batch, capacity))
+    return PrefillOutput(cache, out.logits[:, 0], draft_cache)
 
 
 def _prefill_chunked(target, drafter, target_params, draft_params, prompt, prompt_len,
@@ -158,10 +158,7 @@ def _prefill_chunked(target, drafter, target_params, draft_params, prompt, promp
     padded = jnp.pad(prompt, ((0, 0), (0, num_chunks * chunk_len - width)))
     chunks = padded.reshape(batch, num_chunks, chunk_len).transpose(1, 0, 2)   # [n, B, C]
     chunk_target = target.clone(attention_impl=config.attention)
-    tap_ids = drafter.tap_ids if drafter is not None else ()
-    ingests = drafter is not None and bool(tap_ids)        # a drafter fed by target taps
-    draft_cache = drafter.new_context_cache(batch, capacity) if ingests else None
-    feature_dim = [0]                        # set while tracing the chunk (static)
+    draft_cache = drafter.new_context_cache(batch, capacity)
 
     def one_chunk(carry, xs):
         cache, draft_cache, last_hidden = carry
@@ -172,18 +169,16 @@ def _prefill_chunked(target, drafter, target_params, draft_params, prompt, promp
         out = chunk_target.apply({"params": target_params}, tokens, positions,
                                  cache=cache.replace(lengths=jnp.full((batch,), start,
                                                                       jnp.int32)),
-                                 tap_ids=tap_ids, compute_logits=False)
+                                 tap_ids=drafter.tap_ids, compute_logits=False)
         offset = prompt_len - 1 - start                       # the last prompt token's row
         here = (offset >= 0) & (offset < chunk_len)
         row = jnp.clip(offset, 0, chunk_len - 1)[:, None, None]
         picked = jnp.take_along_axis(out.hidden, row, axis=1)[:, 0]
         last_hidden = jnp.where(here[:, None], picked, last_hidden)
-        if ingests:
-            rows = jnp.clip(prompt_len - start, 0, chunk_len)    # real rows of this chunk
-            features = drafter.context_features(out)               # [B, C, F]
-            feature_dim[0] = features.shape[-1]
-            draft_cache = drafter.ingest_context(target_params, draft_params, features,
-                                                 positions, rows, draft_cache)
+        rows = jnp.clip(prompt_len - start, 0, chunk_len)        # real rows of this chunk
+        draft_cache = drafter.ingest_context(target_params, draft_params,
+                                             PromptChunk(out, tokens, positions, rows),
+                                             draft_cache)
         return (out.cache, draft_cache, last_hidden), None
 
     cache = new_cache(target.config, batch, capacity, target.dtype)
@@ -193,13 +188,7 @@ def _prefill_chunked(target, drafter, target_params, draft_params, prompt, promp
         (chunks, jnp.arange(num_chunks, dtype=jnp.int32)))
     logits = target.apply({"params": target_params}, last_hidden[:, None],
                           method=TargetLM.logits)[:, 0]
-    if drafter is not None and not ingests:               # no taps: nothing to chunk
-        positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
-        draft_cache = drafter.ingest_prompt(target_params, draft_params,
-                                            jnp.zeros((batch, width, 0), target.dtype),
-                                            positions, prompt_len, capacity)
-    return PrefillOutput(cache.replace(lengths=prompt_len), logits, draft_cache,
-                         feature_dim[0])
+    return PrefillOutput(cache.replace(lengths=prompt_len), logits, draft_cache)
 
 
 _prefill_prompt_jit = jax.jit(prefill_prompt, static_argnums=(0, 1, 6, 7))

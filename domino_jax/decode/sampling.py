@@ -11,6 +11,7 @@ verification code serves greedy and sampled decoding.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -25,11 +26,11 @@ class SamplingConfig:
     top_p: float = 1.0      # 1.0 = off
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
+        if not 0.0 < self.top_p <= 1.0:              # also refuses nan
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
     @property

@@ -1,101 +1,44 @@
-"""One generate function for every chain method, running entirely on the device.
+"""Host-side orchestration of decoding: one ``generate`` call for every method.
 
-    result = generate(target, drafter, prompts, DecodeConfig(method="domino", ...))
+    result = generate(target, target_params, prompts, DecodeConfig(method="domino"),
+                      drafter, draft_params)
 
-Methods: ``ar`` (no drafter: the chain with zero drafts), ``ngram`` (prompt lookup:
-:class:`~domino_jax.decode.ngram.NgramDrafter` proposes K tokens from the row's own context,
-no model), ``dflash`` and ``domino`` (a
-:class:`~domino_jax.decode.drafters.Drafter` proposes K tokens per round). Two jitted
-calls: :func:`prefill` (target over the prompt, first token, draft context) and
-:func:`decode_rounds` (a ``lax.while_loop`` of rounds until every row is done or a round
-limit is reached, so the CLI can stream chunks without a host sync per round). Both are
-compiled ahead of time and cached per (models, config, shapes); :func:`precompile` fills
-that cache without running anything (thread-safe: benchmarks compile many tasks at once).
+What runs on the device is :mod:`domino_jax.decode.round` (prefill, then a
+``lax.while_loop`` of draft -> verify -> commit rounds until every row is done or a round
+limit is reached, so the CLI can stream chunks without a host sync per round). This module
+does what happens around it: validation, prompt padding into length buckets (one compiled
+program per bucket), the cache capacity, the compile cache (programs compiled ahead of
+time, per models, config and shapes; :func:`precompile` fills it without running anything,
+thread-safe), chunked streaming and trimming the outputs at stops and ``max_new_tokens``.
 
-Per round, for each row (ragged acceptance is carried as lengths, never as shapes):
-  1. the drafter proposes ``drafts [B, K]`` after the root (the last committed token,
-     not yet in the target cache) and the draft distribution ``q`` if needed;
-  2. the target verifies ``[root, d_1..d_K]`` at positions ``start..start+K`` in one
-     forward, writing their K/V after the committed prefix;
-  3. ``verify_match`` / ``verify_rejection`` give ``accepted`` and the bonus token;
-  4. commit: ``d_1..d_accepted, bonus`` go to the output; the target cache advances by
-     ``accepted + 1`` (root + accepted drafts; rejected slots are left stale and masked);
-     the hidden taps of those rows become the drafter's next context; the bonus is the
-     next root.
-Stops: a row is done at its first stop token (inclusive) or at ``max_new_tokens``; the
-host trims whatever a block overran.
+Methods (:mod:`domino_jax.decode.methods`): ``ar`` (no drafter: the chain with zero
+drafts), ``ngram`` (prompt lookup, no model), ``dflash`` and ``domino`` (chains), ``ddtree``
+and ``dominotree`` (trees).
+Float32 targets run their matmuls at full float32 precision (:func:`matmul_precision`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
 from typing import Any, NamedTuple, Sequence
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from domino_jax.decode.prefill import PrefillConfig, check_context_length, prefill_prompt
-from domino_jax.decode.sampling import SamplingConfig, choose, target_log_probs
-from domino_jax.decode.verify import verify_match, verify_rejection
-from domino_jax.kv_cache import KVCache, align_slots
+from domino_jax.decode.config import DecodeConfig
+from domino_jax.decode.contract import DecodeState, Drafter
+from domino_jax.decode.methods import METHODS, drafter_class, make_drafter
+from domino_jax.decode.prefill import check_context_length
+from domino_jax.decode.round import decode_rounds, prefill
+from domino_jax.kv_cache import align_slots
 from domino_jax.models.qwen3 import TargetLM
 
-METHODS = ("ar", "ngram", "dflash", "domino", "ddtree", "dominotree")
-
-
-@dataclasses.dataclass(frozen=True)
-class DecodeConfig:
-    """Static decoding settings (hashable: part of the jit cache key)."""
-
-    method: str = "ar"
-    max_new_tokens: int = 128
-    sampling: SamplingConfig = SamplingConfig()
-    draft_policy: str = "greedy"       # "greedy" | "sample"
-    draft_temperature: float = 1.0
-    verify: str = "match"              # "match" | "rejection"
-    stop_token_ids: tuple[int, ...] = ()
-    capacity: int | None = None        # target cache slots; None = just enough
-    prefill: PrefillConfig = PrefillConfig()   # chunked above prefill.chunk prompt tokens
-
-    def __post_init__(self):
-        if self.method not in METHODS:
-            raise ValueError(f"unknown method {self.method!r}; choose one of {METHODS}")
-        if self.draft_policy not in ("greedy", "sample"):
-            raise ValueError(f"unknown draft policy {self.draft_policy!r}; 'greedy' or 'sample'")
-        if self.verify not in ("match", "rejection"):
-            raise ValueError(f"unknown verification rule {self.verify!r}; 'match' or 'rejection'")
-        if self.method in ("ddtree", "dominotree") and self.verify != "match":
-            raise ValueError(f"method {self.method!r} verifies with 'match' (sample-and-walk) "
-                             "only: best-first trees define no draft distribution for "
-                             "'rejection'")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.method == "ngram" and self.draft_policy != "greedy":
-            raise ValueError("method 'ngram' drafts deterministically (prompt lookup): "
-                             "draft_policy must be 'greedy'")
-        if self.draft_policy == "sample" and self.draft_temperature <= 0:
-            raise ValueError("draft_policy='sample' needs draft_temperature > 0")
-
-
-@flax.struct.dataclass
-class DecodeState:
-    out_tokens: jax.Array        # [B, max_new + W] generated tokens (prompt excluded)
-    num_out: jax.Array           # [B] committed generated tokens
-    done: jax.Array              # [B] bool
-    root: jax.Array              # [B] last committed token, not yet in the target cache
-    target_cache: KVCache
-    draft_cache: Any             # drafter's cache (None for AR)
-    context: jax.Array           # [B, W, F] drafter context features of the last commit
-    context_len: jax.Array       # [B] valid rows of ``context``
-    key: jax.Array
-    rounds: jax.Array            # [B] rounds run while the row was live
-    accept_hist: jax.Array       # [B, W + 1] histogram of tokens committed per round
-    history: jax.Array | None = None  # [B, C] prompt + committed tokens by position, the root
-    #   at target_cache.lengths (valid through it); only for drafters that read it (ngram)
+__all__ = ["DecodeConfig", "GenerateResult", "METHODS", "generate", "precompile",
+           "matmul_precision", "pad_prompts", "prompt_bucket", "required_capacity"]
 
 
 @dataclasses.dataclass
@@ -124,151 +67,19 @@ class GenerateResult:
         return max(self.new_tokens - len(self.tokens), 0) / max(self.decode_seconds, 1e-9)
 
 
-def _first_stop(tokens: jax.Array, count: jax.Array, stop_ids: tuple[int, ...]) -> jax.Array:
-    """Index of the first stop token among the first ``count`` of ``tokens [B, n]`` (n if none)."""
-    n = tokens.shape[1]
-    if not stop_ids:
-        return jnp.full(tokens.shape[:1], n, jnp.int32)
-    is_stop = jnp.isin(tokens, jnp.asarray(stop_ids, jnp.int32))
-    is_stop &= jnp.arange(n)[None, :] < count[:, None]
-    return jnp.where(is_stop.any(1), jnp.argmax(is_stop, axis=1), n).astype(jnp.int32)
+def matmul_precision(target: TargetLM) -> str | None:
+    """The matmul precision the decode programs are traced with: ``"highest"`` for a float32
+    target (by default XLA runs float32 matmuls on GPUs in TF32, which is not float32:
+    greedy outputs then differ from exact AR on some prompts), else ``None`` (the default
+    precision; bf16 matmuls are unaffected)."""
+    return "highest" if jnp.dtype(target.dtype) == jnp.float32 else None
 
 
-def _write_rows(buffer: jax.Array, start: jax.Array, values: jax.Array) -> jax.Array:
-    """``buffer[b, start[b] + j] = values[b, j]`` (out-of-range writes dropped)."""
-    rows = jnp.arange(buffer.shape[0])[:, None]
-    cols = start[:, None] + jnp.arange(values.shape[1])[None, :]
-    return buffer.at[rows, cols].set(values, mode="drop")
-
-
-def prefill(target: TargetLM, drafter, config: DecodeConfig, target_params, draft_params,
-            prompt: jax.Array, prompt_len: jax.Array, key: jax.Array, capacity: int) -> DecodeState:
-    """Target forward over the right-padded ``prompt [B, T]``; first token; draft context."""
-    batch, prompt_width = prompt.shape
-    width = drafter.max_commit if drafter is not None else 1      # tokens per round, max
-    filled = prefill_prompt(target, drafter, target_params, draft_params, prompt, prompt_len,
-                            capacity, config.prefill)             # chunked for long prompts
-    cache, draft_cache = filled.cache, filled.draft_cache
-    key, first_key = jax.random.split(key)
-    first = choose(first_key, filled.logits, config.sampling)            # §9.13: sampled at T
-    out_tokens = jnp.zeros((batch, config.max_new_tokens + width), jnp.int32).at[:, 0].set(first)
-    num_out = jnp.ones((batch,), jnp.int32)
-    done = (_first_stop(first[:, None], num_out, config.stop_token_ids) == 0)
-    done |= config.max_new_tokens <= 1
-    context = jnp.zeros((batch, width, filled.feature_dim), target.dtype)
-    history = None
-    if getattr(drafter, "reads_history", False):
-        history = jnp.zeros((batch, capacity), jnp.int32).at[:, :prompt_width].set(prompt)
-        history = _write_rows(history, cache.lengths, first[:, None])
-    return DecodeState(out_tokens, num_out, done, first, cache, draft_cache, context,
-                       jnp.zeros((batch,), jnp.int32), key, jnp.zeros((batch,), jnp.int32),
-                       jnp.zeros((batch, width + 1), jnp.int32), history)
-
-
-class RoundOutcome(NamedTuple):
-    """What one round's verification decided, before the commit (shapes ``P`` = max tokens
-    a round can commit: accepted drafts + the bonus)."""
-
-    committed: jax.Array          # [B, P] accepted drafts, then the bonus at index ``accepted``
-    accepted: jax.Array           # [B] accepted drafts (0..P-1)
-    bonus: jax.Array              # [B] the target's token after the accepted path
-    target_cache: KVCache         # verify K/V written after the committed prefix
-    path: jax.Array | None        # [B, P] verify-row offsets to keep (trees); None = prefix
-    context: jax.Array | None     # [B, P, F] drafter features of [root, accepted...]
-    draft_cache: Any
-
-
-def _chain_outcome(target: TargetLM, drafter, config: DecodeConfig, target_params,
-                   draft_params, state: DecodeState, draft_key, verify_key) -> RoundOutcome:
-    """Draft a chain of K tokens, verify ``[root, d_1..d_K]`` causally in one forward."""
-    batch = state.root.shape[0]
-    start = state.target_cache.lengths                                   # position of the root
-    if drafter is not None:
-        history = dict(history=state.history) if state.history is not None else {}
-        drafts, draft_log_probs, draft_cache = drafter.propose(
-            target_params, draft_params, state.root, start, state.context, state.context_len,
-            state.draft_cache, draft_key, config, **history)
-        tap_ids = drafter.tap_ids
-    else:
-        drafts = jnp.zeros((batch, 0), jnp.int32)
-        draft_log_probs, draft_cache, tap_ids = None, None, ()
-    num_drafts = drafts.shape[1]
-    verify_tokens = jnp.concatenate([state.root[:, None], drafts], axis=1)   # [B, K+1]
-    positions = start[:, None] + jnp.arange(num_drafts + 1, dtype=jnp.int32)[None, :]
-    out = target.apply({"params": target_params}, verify_tokens, positions,
-                       cache=state.target_cache, tap_ids=tap_ids)
-    log_p = target_log_probs(out.logits, config.sampling)
-    if config.verify == "rejection" and draft_log_probs is not None:
-        accepted, bonus = verify_rejection(verify_key, drafts, log_p, draft_log_probs)
-    else:
-        accepted, bonus = verify_match(verify_key, drafts, log_p)
-    committed = jnp.concatenate([drafts, jnp.zeros((batch, 1), jnp.int32)], axis=1)
-    slot = jnp.arange(num_drafts + 1)[None, :]
-    committed = jnp.where(slot == accepted[:, None], bonus[:, None], committed)
-    context = drafter.context_features(out) if drafter is not None else None
-    return RoundOutcome(committed, accepted, bonus, out.cache, None, context, draft_cache)
-
-
-def _round(target: TargetLM, drafter, config: DecodeConfig, target_params, draft_params,
-           state: DecodeState) -> DecodeState:
-    key, draft_key, verify_key = jax.random.split(state.key, 3)
-    if getattr(drafter, "is_tree", False):
-        outcome = drafter.tree_outcome(target, config, target_params, draft_params, state,
-                                       draft_key, verify_key)
-    else:
-        outcome = _chain_outcome(target, drafter, config, target_params, draft_params, state,
-                                 draft_key, verify_key)
-    return _commit(config, state, outcome, key)
-
-
-def _commit(config: DecodeConfig, state: DecodeState, outcome: RoundOutcome,
-            key: jax.Array) -> DecodeState:
-    """Write the committed tokens, apply stops/limits, commit the target cache (advance, or
-    gather a tree path into place) and hand the accepted rows' features to the drafter."""
-    committed, accepted = outcome.committed, outcome.accepted
-    count = accepted + 1
-    stop_at = _first_stop(committed, count, config.stop_token_ids)
-    hit_stop = stop_at < count
-    count = jnp.where(hit_stop, stop_at + 1, count)
-    live = ~state.done
-    out_tokens = jnp.where(live[:, None], _write_rows(state.out_tokens, state.num_out, committed),
-                           state.out_tokens)
-    num_out = state.num_out + jnp.where(live, count, 0)
-    done = state.done | (live & (hit_stop | (num_out >= config.max_new_tokens)))
-    cache_rows = jnp.where(live, accepted + 1, 0)
-    if outcome.path is None:
-        target_cache = outcome.target_cache.advance(cache_rows)
-    else:
-        target_cache = outcome.target_cache.gather_path(outcome.path, cache_rows)
-    if outcome.context is not None:
-        context, context_len = outcome.context.astype(state.context.dtype), cache_rows
-    else:
-        context, context_len = state.context, state.context_len
-    hist = state.accept_hist + jax.nn.one_hot(count, state.accept_hist.shape[1],
-                                              dtype=jnp.int32) * live[:, None]
-    history = state.history
-    if history is not None:                  # committed tokens follow the root's position
-        history = jnp.where(live[:, None], _write_rows(
-            history, state.target_cache.lengths + 1, committed), history)
-    return DecodeState(out_tokens, num_out, done, jnp.where(live, outcome.bonus, state.root),
-                       target_cache, outcome.draft_cache, context, context_len, key,
-                       state.rounds + live.astype(jnp.int32), hist, history)
-
-
-def decode_rounds(target: TargetLM, drafter, config: DecodeConfig, target_params, draft_params,
-                  state: DecodeState, max_rounds: jax.Array) -> DecodeState:
-    """Run rounds until every row is done or ``max_rounds`` rounds have run."""
-
-    def cond(carry):
-        state, n = carry
-        return (~jnp.all(state.done)) & (n < max_rounds)
-
-    def body(carry):
-        state, n = carry
-        return _round(target, drafter, config, target_params, draft_params, state), n + 1
-
-    state, _ = jax.lax.while_loop(cond, body, (state, jnp.int32(0)))
-    return state
+def precision_scope(target: TargetLM):
+    """A context manager tracing under :func:`matmul_precision` (no-op for bf16 targets)."""
+    precision = matmul_precision(target)
+    return (jax.default_matmul_precision(precision) if precision
+            else contextlib.nullcontext())
 
 
 _prefill_jit = jax.jit(prefill, static_argnums=(0, 1, 2, 8))
@@ -316,19 +127,30 @@ class _Prepared(NamedTuple):
     compile_seconds: float        # see :func:`precompile`
 
 
+def _resolve_drafter(target: TargetLM, config: DecodeConfig, drafter) -> Drafter:
+    """The drafter ``generate`` runs: the given one (checked against ``config.method``), or
+    the method's default when it needs no checkpoint (``ar``)."""
+    cls = drafter_class(config.method)
+    if drafter is None:
+        if cls.needs_checkpoint:
+            raise ValueError(f"method {config.method!r} needs a drafter (--draft DIR)")
+        return make_drafter(None, target, config.method)
+    if not cls.needs_checkpoint and not isinstance(drafter, cls):
+        raise ValueError(f"method {config.method!r} takes no drafter")
+    if drafter.method != config.method:
+        raise ValueError(f"method {config.method!r} does not match the drafter's method "
+                         f"{drafter.method!r}")
+    return drafter
+
+
 def _prepare(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
              config: DecodeConfig, drafter, draft_params, seed: int) -> _Prepared:
     """Validate, pad, size the cache and fetch (or compile) the programs: everything
     :func:`generate` does before running anything (shared with :func:`precompile`)."""
-    if (config.method == "ar") != (drafter is None):
-        raise ValueError(f"method {config.method!r} " + ("takes no drafter" if drafter is not None
-                                                          else "needs a drafter (--draft DIR)"))
-    if drafter is not None and getattr(drafter, "method", config.method) != config.method:
-        raise ValueError(f"method {config.method!r} does not match the drafter's method "
-                         f"{drafter.method!r}")
+    drafter = _resolve_drafter(target, config, drafter)
     check_context_length(target.config, [len(p) for p in prompts], config.max_new_tokens)
     prompt, prompt_len = pad_prompts(prompts)
-    num_drafts = drafter.verify_width - 1 if drafter is not None else 0   # verify rows - root
+    num_drafts = drafter.verify_width - 1                                 # verify rows - root
     needed = required_capacity(int(prompt_len.max()), config, num_drafts)
     # Default capacity from the bucketed width (one compiled program per bucket), aligned to
     # whole chunks of the attention kernel.
@@ -338,8 +160,6 @@ def _prepare(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
         raise ValueError(f"prompt of {int(prompt_len.max())} tokens + max_new_tokens "
                          f"{config.max_new_tokens} (+{num_drafts + 1} verify slack) needs "
                          f"{needed} cache slots, but the capacity is {capacity}")
-    if drafter is not None and needed > drafter.max_capacity(capacity):
-        raise ValueError(f"the drafter's cache cannot hold {needed} positions")
     key = jax.random.PRNGKey(seed)
     prefill_fn, rounds_fn, compile_seconds = _compiled(
         target, drafter, config, target_params, draft_params, prompt, prompt_len, key, capacity)
@@ -411,7 +231,8 @@ _LOCK = threading.Lock()
 
 def _compiled(target, drafter, config, target_params, draft_params, prompt, prompt_len, key,
               capacity):
-    """AOT-compiled prefill and round loop, cached per (models, config, shapes).
+    """AOT-compiled prefill and round loop, cached per (models, config, shapes), traced
+    under :func:`matmul_precision`.
 
     Returns ``(prefill_fn, rounds_fn, seconds)``: seconds = this call's compile time, or
     the time it waited for another thread compiling the same key, or 0.0 on a cache hit.
@@ -424,7 +245,7 @@ def _compiled(target, drafter, config, target_params, draft_params, prompt, prom
                                          x.sharding.device_set or ()) > 1 else None
     spec = lambda tree: jax.tree_util.tree_map(
         lambda x: (jax.ShapeDtypeStruct(x.shape, x.dtype), spread(x)), tree)
-    cache_key = (target, drafter, config, prompt.shape, capacity,
+    cache_key = (target, drafter, config, prompt.shape, capacity, matmul_precision(target),
                  jax.tree_util.tree_structure(target_params), str(spec(target_params)),
                  str(spec(draft_params)))
     t0 = time.perf_counter()
@@ -441,13 +262,15 @@ def _compiled(target, drafter, config, target_params, draft_params, prompt, prom
         event.wait()                                # another thread is compiling it
         waited = True
     try:
-        prefill_fn = _prefill_jit.lower(target, drafter, config, target_params, draft_params,
-                                        prompt, prompt_len, key, capacity).compile()
-        state_spec = jax.eval_shape(
-            lambda tp, dp, p, pl, k: prefill(target, drafter, config, tp, dp, p, pl, k, capacity),
-            target_params, draft_params, prompt, prompt_len, key)
-        rounds_fn = _rounds_jit.lower(target, drafter, config, target_params, draft_params,
-                                      state_spec, jnp.int32(0)).compile()
+        with precision_scope(target):
+            prefill_fn = _prefill_jit.lower(target, drafter, config, target_params, draft_params,
+                                            prompt, prompt_len, key, capacity).compile()
+            state_spec = jax.eval_shape(
+                lambda tp, dp, p, pl, k: prefill(target, drafter, config, tp, dp, p, pl, k,
+                                                 capacity),
+                target_params, draft_params, prompt, prompt_len, key)
+            rounds_fn = _rounds_jit.lower(target, drafter, config, target_params, draft_params,
+                                          state_spec, jnp.int32(0)).compile()
         seconds = time.perf_counter() - t0
         with _LOCK:
             _COMPILED[cache_key] = (prefill_fn, rounds_fn, seconds)

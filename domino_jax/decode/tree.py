@@ -1,11 +1,8 @@
-"""On-device best-first draft trees: DDTree (algorithms.md §4.2), DominoTree (§5.3-5.4).
+"""Best-first draft trees built on the device: DDTree and DominoTree (docs/algorithms.md §4,
+§5), one tree builder for both, and the tree helpers the round needs.
 
-Everything runs inside ``jit`` with static shapes: a fixed node budget ``N`` (non-root nodes),
-a fixed-size candidate pool, and a ``lax.fori_loop`` of exactly ``N`` pops. A pop takes the
-best *valid* pool entry; when the pool is empty the remaining nodes are marked invalid.
-Builders are written for one tree (one batch row); ``*_batched`` versions ``vmap`` them.
-
-Common output, :class:`DraftTree` (nodes in pop order, so parents precede children)::
+:class:`DraftTree` (one tree, or ``[B, N]`` batched by ``vmap``; nodes in descending score
+order, so parents precede children)::
 
     tokens  [N] int32     draft token of each node
     depths  [N] int32     0-based: depth 0 = first draft position (child of the root)
@@ -15,38 +12,47 @@ Common output, :class:`DraftTree` (nodes in pop order, so parents precede childr
 
 Invalid nodes carry ``token 0, depth 0, parent -1, score -inf``; they are never parents.
 
-Tie-breaks (the references compare heap tuples; only exact float ties are affected):
+The builder (:func:`best_first_tree`) is depth-synchronous: ``K`` batched steps (one per
+draft depth) instead of ``N`` sequential pops of a heap, after the reference's SGLang
+frontier builder (docs/algorithms.md §5.6; our own code). Why it gives the heap's tree:
+a child's score is its parent's plus a log-probability (``<= 0``), so scores never
+increase along a path, and a best-first tree of ``N`` nodes is exactly the ``N``
+highest-scoring nodes of the (implicit, unbounded) candidate tree, a set closed under
+taking parents. At most ``N`` of them lie at any one depth, and each is among the ``N``
+best nodes of its depth whose parents are among the ``N`` best of the depth above. So per
+depth it suffices to keep ``W = N`` "lanes": expand every lane of depth ``d - 1`` (its
+``c`` best children), keep the top ``W`` of the ``W * c`` candidates as the lanes of depth
+``d``, and record them in a ledger of ``K * W`` entries. The tree is the top ``N`` of the
+ledger by score, ordered by score (the heap's pop order).
 
-* DDTree: equal scores fall back to the lexicographic ``ranks`` tuple (the per-depth rank of
-  every token on the root-to-node path, a shorter tuple that is a prefix of a longer one comes
-  first), exactly as the reference's ``(−logw, ranks, ...)`` heap key.
-* DominoTree: equal scores fall back to the insertion counter (earlier pushed wins), exactly
-  as the reference's ``(−cum, tie, ...)`` heap key. The pool is append-only and slot
-  ``j`` is filled by the ``j``-th push, so the counter is the slot index and the pop is
-  "first slot holding the maximum score".
+Ties: equal scores are resolved by ledger order (depth first, then lane order; ``lax.top_k``
+prefers the lower index), which keeps parents before children even when a child's
+log-probability is exactly 0. The references' heaps break such ties by insertion counter
+(DominoTree) or ranks tuple (DDTree), so the trees agree on every input without exact score
+ties (docs/algorithms.md §9.7). Nodes whose score is ``-inf`` are never selected; they come
+out invalid. Scores are ``parent + log_prob`` in float32 (the reference forms DDTree's
+sibling scores as ``score - lp[rank] + lp[rank + 1]``, so scores may differ from it by
+float32 rounding, ~1e-7 relative). The readable heap builders that tests compare against
+live in ``tests/heap_tree_builders.py``.
 
-Scores accumulate in float32 on the device (the references use Python float64 sums of
-float32 log-probs), so trees equal the references' unless two candidate scores fall within
-float32 rounding of each other (algorithms.md §9.7: tie-free inputs).
-
-DominoTree child GRU states are computed lazily: the reference computes every pushed child's
-state at push time; we compute a node's state when it is popped (one GRU step from the
-parent's stored state on the node's token embedding) — the same value, ``node_topk`` times
-fewer GRU steps.
+Shapes are static; the ``K`` depth steps are unrolled (K <= 16 in practice), so there is no
+loop-carried round trip on GPUs.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 
 from domino_jax.config import DraftConfig
-from domino_jax.models.domino_head import (_matmul, _split_w1, gru_step_from_gates,
-                                           token_input_gates)
+from domino_jax.models import domino_head
 from domino_jax.topk import top_k
+
+ChildrenFn = Callable[[Any, int], tuple[jax.Array, jax.Array]]   # (states [W,..], d) -> [W, c] x2
+AdvanceFn = Callable[[Any, jax.Array], Any]                       # (parent states, tokens [W])
 
 
 @flax.struct.dataclass
@@ -57,27 +63,6 @@ class DraftTree:
     scores: jax.Array    # [N] float32, cumulative log-prob
     valid: jax.Array     # [N] bool
 
-    @property
-    def num_nodes(self) -> int:
-        return self.tokens.shape[-1]
-
-
-def _empty_tree(budget: int) -> DraftTree:
-    return DraftTree(tokens=jnp.zeros((budget,), jnp.int32),
-                     depths=jnp.zeros((budget,), jnp.int32),
-                     parents=jnp.full((budget,), -1, jnp.int32),
-                     scores=jnp.full((budget,), -jnp.inf, jnp.float32),
-                     valid=jnp.zeros((budget,), bool))
-
-
-def _record(tree: DraftTree, i, ok, token, depth, parent, score) -> DraftTree:
-    """Write node ``i`` if ``ok`` (else leave the invalid filler)."""
-    def put(arr, value):
-        return arr.at[i].set(jnp.where(ok, value, arr[i]))
-    return DraftTree(tokens=put(tree.tokens, token), depths=put(tree.depths, depth),
-                     parents=put(tree.parents, parent), scores=put(tree.scores, score),
-                     valid=tree.valid.at[i].set(ok))
-
 
 # ----------------------------------------------------------------------------------------
 # Tree helpers
@@ -86,9 +71,9 @@ def _record(tree: DraftTree, i, ok, token, depth, parent, score) -> DraftTree:
 def tree_attention_mask(tree: DraftTree) -> jax.Array:
     """``bool [N+1, N+1]`` over ``[root, nodes...]``: ``mask[q, k]`` = query ``q`` may attend
     to key ``k``. Row 0 (root) = {0}; valid node ``i`` (row ``i+1``) = {0, its ancestors,
-    itself} (= row(parent) ∪ {itself}, §4.2); an invalid node sees only itself and no row
-    sees it (harmless: a finite softmax row, never on an accepted path). Works under vmap
-    (leading batch dims via ``jax.vmap``)."""
+    itself} (= row(parent) ∪ {itself}); an invalid node sees only itself and no row sees it
+    (harmless: a finite softmax row, never on an accepted path). Batched trees ``[B, N]``
+    give ``[B, N+1, N+1]``."""
     if tree.tokens.ndim > 1:
         return jax.vmap(tree_attention_mask)(tree)
     n = tree.tokens.shape[0]
@@ -104,244 +89,130 @@ def tree_attention_mask(tree: DraftTree) -> jax.Array:
 
 
 def tree_positions(tree: DraftTree, start) -> jax.Array:
-    """Position ids ``[N+1]`` over ``[root, nodes...]``: ``[start, start + 1 + depth...]``
-    (invalid nodes: ``start + 1``). ``start`` is a scalar (or ``[batch]`` for batched trees)."""
+    """Position ids over ``[root, nodes...]``: ``start + [0, 1 + depth...]`` (invalid nodes:
+    ``start + 1``). ``start`` is a scalar for one tree, ``[B]`` for batched trees ``[B, N]``
+    (-> ``[B, N + 1]``)."""
     start = jnp.asarray(start, jnp.int32)
-    depth_pos = start[..., None] + 1 + tree.depths
-    return jnp.concatenate([start[..., None], depth_pos], axis=-1)
-
-
-def _pick(valid: jax.Array, score: jax.Array):
-    """Index of the first slot holding the maximum score among valid ones, and whether any
-    slot is valid."""
-    key = jnp.where(valid, score, -jnp.inf)
-    best = jnp.max(key)
-    cand = valid & (key == best)
-    return jnp.argmax(cand), jnp.any(valid)
+    offsets = jnp.concatenate([jnp.zeros_like(tree.depths[..., :1]), tree.depths + 1], axis=-1)
+    return start[..., None] + offsets
 
 
 # ----------------------------------------------------------------------------------------
-# DDTree (§4.2)
+# The builder
+
+
+def best_first_tree(children: ChildrenFn, advance: AdvanceFn | None, root_state: Any,
+                    k_depth: int, budget: int) -> DraftTree:
+    """Best-first tree of ``budget`` nodes over ``k_depth`` depths, one row (module doc).
+
+    Args:
+      children: ``children(states, d)`` -> ``(tokens [W, c] int32, log_probs [W, c] f32)``,
+        the ``c`` best children at depth ``d`` (static int) of nodes with ``states``
+        (a pytree with leading dim ``W``); ``log_probs <= 0`` (``-inf`` = no child).
+      advance: ``advance(parent_states, tokens [W])`` -> the states of those children;
+        ``None`` when children do not depend on the path (DDTree, the marginal control).
+      root_state: the root's state (a pytree without the lane dim).
+      k_depth: depth limit (draft positions), static. budget: ``N``, static.
+    """
+    width = budget
+    states = jax.tree_util.tree_map(
+        lambda x: jnp.broadcast_to(x, (width,) + jnp.shape(x)), root_state)
+    lane_score = jnp.full((width,), -jnp.inf, jnp.float32).at[0].set(0.0)    # lane 0 = root
+    lane_entry = jnp.full((width,), -1, jnp.int32)       # ledger index of each lane's node
+    scores, tokens, parents = [], [], []
+    for d in range(k_depth):
+        ctok, clp = children(states, d)                                  # [W, c]
+        c = ctok.shape[-1]
+        cand = (lane_score[:, None] + clp).reshape(-1)                   # -inf stays -inf
+        best, idx = jax.lax.top_k(cand, width)                           # W * c >= W
+        lane = idx // c
+        token = ctok.reshape(-1)[idx].astype(jnp.int32)
+        scores.append(best)
+        tokens.append(token)
+        parents.append(lane_entry[lane])
+        if d + 1 < k_depth:
+            if advance is not None:
+                parent_states = jax.tree_util.tree_map(lambda x: x[lane], states)
+                states = advance(parent_states, token)
+            lane_score = best
+            lane_entry = d * width + jnp.arange(width, dtype=jnp.int32)
+    ledger_score = jnp.concatenate(scores)                               # [K * W]
+    ledger_token = jnp.concatenate(tokens)
+    ledger_parent = jnp.concatenate(parents)
+    score, pick = jax.lax.top_k(ledger_score, budget)                    # K * W >= N
+    valid = score > -jnp.inf
+    position = jnp.full(ledger_score.shape, -1, jnp.int32).at[pick].set(
+        jnp.where(valid, jnp.arange(budget, dtype=jnp.int32), -1))
+    parent_entry = ledger_parent[pick]
+    parent = jnp.where(parent_entry >= 0, position[jnp.maximum(parent_entry, 0)], -1)
+    return DraftTree(tokens=jnp.where(valid, ledger_token[pick], 0),
+                     depths=jnp.where(valid, (pick // width).astype(jnp.int32), 0),
+                     parents=jnp.where(valid, parent, -1),
+                     scores=score, valid=valid)
 
 
 def build_ddtree(draft_logits: jax.Array, budget: int) -> DraftTree:
-    """DDTree best-first tree over factorized per-depth marginals (algorithms.md §4.2).
-
-    Args:
-      draft_logits: ``[K, V]`` draft logits, one row per draft depth (DFlash: block slots
-        ``1..B-1``). Depth limit = ``K``.
-      budget: ``N`` nodes to pop (root excluded), static.
-    Per depth only the top ``min(budget, V)`` tokens of ``log_softmax(float32(logits))`` are
-    candidates. Lazy expansion: popping (parent, depth, rank) pushes its next sibling
-    ``rank + 1`` (score ``logw − lp[d, rank] + lp[d, rank+1]``, subtract-then-add) and its first
-    child ``(depth + 1, rank 0)``. Ties: lexicographic ranks tuple (see module docstring).
-    Pool: append-only, ``2N + 1`` slots (root's first child, then per pop sibling + child).
-    """
+    """DDTree (docs/algorithms.md §4.2): the best-first tree over factorised per-depth
+    marginals, one row. ``draft_logits [K, V]`` (one row per draft depth; depth limit
+    ``K``); the children of any node at depth ``d`` are the top ``min(budget, V)`` tokens
+    of ``log_softmax(float32(logits[d]))``. ``budget``: ``N`` nodes (root excluded), static."""
     k_depth, vocab = draft_logits.shape
-    topk = min(budget, vocab)
     logp = jax.nn.log_softmax(draft_logits.astype(jnp.float32), axis=-1)
-    lp, tok = top_k(logp, topk)                                           # [K, topk] int32
-    size = 2 * budget + 1
-    pool = dict(score=jnp.full((size,), -jnp.inf, jnp.float32).at[0].set(lp[0, 0]),
-                parent=jnp.full((size,), -1, jnp.int32),
-                depth=jnp.zeros((size,), jnp.int32),          # 0-based depth
-                rank=jnp.zeros((size,), jnp.int32),
-                ranks=jnp.full((size, k_depth), -1, jnp.int32).at[0, 0].set(0),
-                valid=jnp.zeros((size,), bool).at[0].set(True))
+    lp, tok = top_k(logp, min(budget, vocab))                             # [K, topk]
 
-    def pick(pool):
-        key = jnp.where(pool["valid"], pool["score"], -jnp.inf)
-        cand = pool["valid"] & (key == jnp.max(key))
-        big = jnp.iinfo(jnp.int32).max
-        for col in range(k_depth):                         # lexicographic ranks tuple
-            r = jnp.where(cand, pool["ranks"][:, col], big)
-            cand = cand & (r == jnp.min(r))
-        return jnp.argmax(cand), jnp.any(pool["valid"])
+    def children(states, d):
+        shape = (states.shape[0], lp.shape[-1])
+        return jnp.broadcast_to(tok[d], shape), jnp.broadcast_to(lp[d], shape)
 
-    def body(i, carry):
-        pool, tree = carry
-        s, ok = pick(pool)
-        score, depth, rank, parent = (pool["score"][s], pool["depth"][s], pool["rank"][s],
-                                      pool["parent"][s])
-        ranks = pool["ranks"][s]
-        tree = _record(tree, i, ok, tok[depth, rank], depth, parent, score)
-        valid = pool["valid"].at[s].set(False)
-        # next sibling
-        sib_ok = ok & (rank + 1 < topk)
-        sib_rank = jnp.minimum(rank + 1, topk - 1)
-        sib_score = score - lp[depth, rank] + lp[depth, sib_rank]
-        sib_ranks = ranks.at[depth].set(sib_rank)
-        # first child
-        child_ok = ok & (depth + 1 < k_depth)
-        child_depth = jnp.minimum(depth + 1, k_depth - 1)
-        child_score = score + lp[child_depth, 0]
-        child_ranks = jnp.where(jnp.arange(k_depth) == depth + 1, 0, ranks)
-        a, b = 1 + 2 * i, 2 + 2 * i
-        pool = dict(score=pool["score"].at[a].set(sib_score).at[b].set(child_score),
-                    parent=pool["parent"].at[a].set(parent).at[b].set(i),
-                    depth=pool["depth"].at[a].set(depth).at[b].set(child_depth),
-                    rank=pool["rank"].at[a].set(sib_rank).at[b].set(0),
-                    ranks=pool["ranks"].at[a].set(sib_ranks).at[b].set(child_ranks),
-                    valid=valid.at[a].set(sib_ok).at[b].set(child_ok))
-        return pool, tree
-
-    _, tree = jax.lax.fori_loop(0, budget, body, (pool, _empty_tree(budget)))
-    return tree
+    return best_first_tree(children, None, jnp.zeros((), jnp.int32), k_depth, budget)
 
 
-def build_ddtree_batched(draft_logits: jax.Array, budget: int) -> DraftTree:
-    """:func:`build_ddtree` over ``draft_logits [B, K, V]`` -> a ``DraftTree`` of ``[B, N]``."""
-    return jax.vmap(lambda x: build_ddtree(x, budget))(draft_logits)
-
-
-# ----------------------------------------------------------------------------------------
-# DominoTree (§5.3-5.4)
-
-
-def dominotree_scorer(head_params: dict[str, Any], draft_config: DraftConfig,
-                      draft_hidden: jax.Array, base_logits: jax.Array, node_topk: int = 8,
-                      topm: int = 64, marginal: bool = False):
-    """The per-round part of §5.3 ``children_fn``, shared by both DominoTree builders.
-
-    Precomputes once per round (per depth ``d``): ``z_proj[d] = W1_z · hid[d]``, the top-M
-    base candidates ``cand[d]``, their base logits and their float32 ``W2`` rows. Returns
-    ``(children, ntop)`` where ``children(states [..., G], d) -> (tokens [..., ntop] int32,
-    log_probs [..., ntop] float32)`` gives the top-``ntop`` children at depth ``d`` (clamped
-    to ``K - 1``; static or traced) of nodes whose GRU states are ``states``
-    (``children(states, d, state_w1)`` takes ``states @ W1_s [..., E]`` float32 precomputed):
-
-    * ``d < P`` (``pure_draft_prefix_len``) or ``marginal``: top of the full-vocab
-      ``log_softmax(base[d])``, the same for every state;
-    * ``topm = M > 0``: ``c = base[d][cand] + W2c[d] · silu(W1 · [hid[d]; state])``,
-      normalised over the ``M`` candidates only (the reference's mixed normalisation);
-    * ``topm = 0``: the full-vocabulary correction.
-    """
-    k_depth, vocab = base_logits.shape
-    hidden_size = draft_hidden.shape[-1]
-    prefix = draft_config.pure_draft_prefix_len
-    ntop = min(node_topk, vocab)
-    act = draft_hidden.dtype
-    base = base_logits.astype(jnp.float32)
-    # log_softmax(base) = (base - max) - log(sum(exp(base - max))), jax.nn.log_softmax's formula
-    shift = jnp.max(base, axis=-1, keepdims=True)
-    log_norm = jnp.log(jnp.sum(jnp.exp(base - shift), axis=-1, keepdims=True))   # [K, 1]
-    m = 0 if marginal else min(topm, vocab)
-    # one vocabulary-wide top-k (descending): its first ntop entries are the uncorrected
-    # children, its first M the path-independent candidates
-    top_vals, top_ids = top_k(base, max(ntop, m))                      # [K, max(ntop, M)]
-    base_tok = top_ids[:, :ntop]
-    base_lp = (top_vals[:, :ntop] - shift) - log_norm                  # log_softmax at the top
-    if not marginal:
-        w1_z, w1_s = _split_w1(head_params, hidden_size)
-        w2 = head_params["embed_proj_2"]["kernel"]                     # [E, V]
-        z_proj = _matmul(draft_hidden, w1_z)                           # [K, E] f32
-        if m > 0:
-            bc, cand = top_vals[:, :m], top_ids[:, :m]                 # [K, M]
-            w2c = jnp.moveaxis(w2[:, cand], 0, -1).astype(jnp.float32)  # [K, M, E]
-
-    def children(states, d, state_w1=None):
-        d = jnp.minimum(d, k_depth - 1)
-        batch = states.shape[:-1]
-        from_base = (jnp.broadcast_to(base_tok[d], batch + (ntop,)),
-                     jnp.broadcast_to(base_lp[d], batch + (ntop,)))
-        if marginal:
-            return from_base
-        if state_w1 is None:
-            state_w1 = _matmul(states.astype(act), w1_s)
-        pre = z_proj[d] + state_w1
-        u = jax.nn.silu(pre).astype(jnp.float32)                      # [..., E]
-        if m > 0:
-            c = bc[d] + jnp.einsum("me,...e->...m", w2c[d], u)
-            lp_c, j = jax.lax.top_k(jax.nn.log_softmax(c), ntop)
-            tok_c = cand[d][j]
-        else:
-            c = base[d] + _matmul(u.astype(act), w2)
-            lp_c, tok_c = jax.lax.top_k(jax.nn.log_softmax(c), ntop)
-            tok_c = tok_c.astype(jnp.int32)
-        use_base = d < prefix
-        return (jnp.where(use_base, from_base[0], tok_c), jnp.where(use_base, from_base[1], lp_c))
-
-    return children, ntop
-
-
-def dominotree_child_state(head_params: dict[str, Any], embed_table: jax.Array,
-                           parent_states: jax.Array, tokens: jax.Array) -> jax.Array:
-    """GRU state of a node from its parent's state and its own token: ``parent_states
-    [..., G]``, ``tokens [...]`` -> ``[..., G]`` (one GRU step on the token's embedding; its
-    input gates are a row gather when the head is in the decode layout)."""
-    gates = token_input_gates(head_params, embed_table, tokens, parent_states.dtype)
-    return gru_step_from_gates(head_params, gates, parent_states)
-
-
-def build_dominotree(head_params: dict[str, Any], draft_config: DraftConfig,
+def build_dominotree(head: domino_head.Head, draft_config: DraftConfig,
                      draft_hidden: jax.Array, base_logits: jax.Array, root_state: jax.Array,
                      embed_table: jax.Array, budget: int, node_topk: int = 8, topm: int = 64,
                      marginal: bool = False) -> DraftTree:
-    """DominoTree best-first tree (algorithms.md §5.3 children_fn, §5.4 builder), one row.
+    """DominoTree (docs/algorithms.md §5.3-5.4): the best-first tree with path-dependent
+    Domino corrections, one row.
 
     Args:
-      head_params: Domino head params (models/domino_head.py layout).
+      head: the Domino head, plain or a :class:`~domino_jax.models.domino_head.DecodeHead`.
       draft_config: uses ``pure_draft_prefix_len`` (P) only.
-      draft_hidden: ``[K, H]`` draft hidden states in draft-index order (the caller drops block
-        slot 0 when ``shift_label`` is false). Depth limit = ``K``.
+      draft_hidden: ``[K, H]`` draft hidden states in draft-index order (the caller drops
+        block slot 0 when ``shift_label`` is false). Depth limit = ``K``.
       base_logits: ``[K, V]`` target LM head on ``draft_hidden``.
-      root_state: ``[G]`` GRU state after the root token (see :func:`domino_jax.models.domino_head.root_gru_state`).
+      root_state: ``[G]`` GRU state after the root token
+        (:func:`~domino_jax.models.domino_head.root_gru_state`).
       embed_table: ``[V, H]`` target embedding table (GRU inputs of draft tokens).
       budget: ``N`` nodes (root excluded), static. node_topk: children per expansion.
-      topm: ``M`` > 0: correction on the top-M base candidates of each depth, renormalised
+      topm: ``M > 0``: correction on the top-M base candidates of each depth, renormalised
         over them; 0: full-vocabulary correction.
       marginal: the path-independent control: every depth uses the top-``node_topk`` of the
         full-vocab ``log_softmax(base[d])`` (no head, no GRU).
-    Children scoring: :func:`dominotree_scorer`. Eager expansion (all children pushed on pop,
-    if depth+1 < K); ties: insertion counter. Pool: append-only, ``node_topk * (N + 1)`` slots.
+
+    Per depth: one batched correction over the ``W`` lanes' GRU states
+    (:func:`~domino_jax.models.domino_head.tree_children`), then one batched GRU step for
+    the ``W`` kept children. With a ``DecodeHead`` a lane carries its state's products with
+    ``[W1_s | W_hh]`` (:func:`~domino_jax.models.domino_head.state_products`), made once
+    when the state is made: the depth step then has one state product instead of two.
     """
     k_depth = base_logits.shape[0]
-    children, ntop = dominotree_scorer(head_params, draft_config, draft_hidden, base_logits,
-                                       node_topk, topm, marginal)
-    g = root_state.shape[-1]
-    size = ntop * (budget + 1)
-    tok0, lp0 = children(root_state, 0)
-    pool = dict(score=jnp.full((size,), -jnp.inf, jnp.float32).at[:ntop].set(lp0),
-                token=jnp.zeros((size,), jnp.int32).at[:ntop].set(tok0),
-                parent=jnp.full((size,), -1, jnp.int32),
-                depth=jnp.zeros((size,), jnp.int32),
-                valid=jnp.zeros((size,), bool).at[:ntop].set(k_depth > 0))
-    states = jnp.zeros((budget, g), root_state.dtype)
+    children, _ = domino_head.tree_children(head, draft_config, draft_hidden, base_logits,
+                                            node_topk, topm, marginal)
+    if marginal:
+        return best_first_tree(children, None, root_state, k_depth, budget)
+    if not isinstance(head, domino_head.DecodeHead):
+        advance = lambda parent_states, tokens: domino_head.child_state(  # noqa: E731
+            head, embed_table, parent_states, tokens)
+        return best_first_tree(children, advance, root_state, k_depth, budget)
+    lane = lambda state: (state, domino_head.state_products(head, state))   # noqa: E731
 
-    def body(i, carry):
-        pool, states, tree = carry
-        s, ok = _pick(pool["valid"], pool["score"])
-        score, token, depth, parent = (pool["score"][s], pool["token"][s], pool["depth"][s],
-                                       pool["parent"][s])
-        tree = _record(tree, i, ok, token, depth, parent, score)
-        if marginal:
-            state = root_state
-        else:
-            parent_state = jnp.where(parent >= 0, states[jnp.maximum(parent, 0)], root_state)
-            state = dominotree_child_state(head_params, embed_table, parent_state, token)
-            states = states.at[i].set(state)
-        ctok, clp = children(state, depth + 1)
-        push_ok = ok & (depth + 1 < k_depth)
-        start = ntop * (i + 1)
-        upd = lambda arr, val: jax.lax.dynamic_update_slice(arr, val, (start,))
-        pool = dict(score=upd(pool["score"], score + clp),
-                    token=upd(pool["token"], ctok),
-                    parent=upd(pool["parent"], jnp.full((ntop,), i, jnp.int32)),
-                    depth=upd(pool["depth"], jnp.full((ntop,), depth + 1, jnp.int32)),
-                    valid=upd(pool["valid"].at[s].set(False),
-                              jnp.full((ntop,), push_ok)))
-        return pool, states, tree
+    def children_of_lanes(lanes, d):
+        state, (state_w1, _) = lanes
+        return children(state, d, state_w1)
 
-    _, _, tree = jax.lax.fori_loop(0, budget, body, (pool, states, _empty_tree(budget)))
-    return tree
+    def advance_lanes(parent_lanes, tokens):
+        state, (_, state_hh) = parent_lanes
+        gates = domino_head.token_input_gates(head, embed_table, tokens, state.dtype)
+        return lane(domino_head.gru_update(gates, state_hh, state))
 
-
-def build_dominotree_batched(head_params, draft_config: DraftConfig, draft_hidden: jax.Array,
-                             base_logits: jax.Array, root_state: jax.Array,
-                             embed_table: jax.Array, budget: int, node_topk: int = 8,
-                             topm: int = 64, marginal: bool = False) -> DraftTree:
-    """:func:`build_dominotree` over a batch: ``draft_hidden [B, K, H]``, ``base_logits
-    [B, K, V]``, ``root_state [B, G]`` (params and embedding table shared)."""
-    fn = lambda h, b, r: build_dominotree(head_params, draft_config, h, b, r, embed_table,
-                                          budget, node_topk, topm, marginal)
-    return jax.vmap(fn)(draft_hidden, base_logits, root_state)
+    return best_first_tree(children_of_lanes, advance_lanes, lane(root_state), k_depth, budget)

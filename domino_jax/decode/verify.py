@@ -1,7 +1,9 @@
-"""Chain verification: how many drafted tokens the target accepts, and the bonus token.
+"""Verification: how many drafted tokens the target accepts, and the bonus token.
 
-Both rules are lossless: every committed token follows the processed target distribution
-given the committed prefix (algorithms.md §2.4 and §9.3).
+The rules are strategies, frozen dataclasses on the config (``DecodeConfig(verify=...)``,
+also given by name): :class:`Match` and :class:`Rejection`. Both are lossless: every
+committed token follows the processed target distribution given the committed prefix
+(docs/algorithms.md §2.4 and §9.3).
 
 * ``match`` (the references' rule): sample the target at every verified position and
   accept drafts while they equal the target's own samples; the bonus is the target's
@@ -12,15 +14,25 @@ given the committed prefix (algorithms.md §2.4 and §9.3).
   if all drafts are accepted, the bonus comes from ``p_K``. With sampled drafts it accepts
   with probability ``1 - TV(p, q)``, never less than ``match``.
 
-Shapes: ``drafts [B, K]``, ``target_log_probs [B, K + 1, V]`` (processed target
-distribution at the K+1 verified positions: root, d_1..d_K), ``draft_log_probs [B, K, V]``.
-Returns ``(accepted [B] int32 in 0..K, bonus [B] int32)``.
+* trees (``match`` only): sample the target at every verified row and walk from the root
+  down the children whose token equals the sample of their parent's row
+  (sample-and-walk); the bonus is the sample at the last accepted node. Best-first trees
+  define no draft distribution per node, so ``rejection`` does not apply to them.
+
+Shapes of the chain functions: ``drafts [B, K]``, ``target_log_probs [B, K + 1, V]``
+(processed target distribution at the K+1 verified positions: root, d_1..d_K),
+``draft_log_probs [B, K, V]``. They return ``(accepted [B] int32 in 0..K, bonus [B] int32)``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
+
+from domino_jax.decode.contract import Proposal
 
 
 def _leading_true(flags: jax.Array) -> jax.Array:
@@ -56,3 +68,102 @@ def verify_rejection(key: jax.Array, drafts: jax.Array, target_log_probs: jax.Ar
     residual = jnp.where(mass > 0, residual, p_at)                      # p == q: fall back to p
     bonus = jax.random.categorical(residual_key, jnp.log(residual), axis=-1).astype(jnp.int32)
     return accepted, bonus
+
+
+def walk_tree(tree_tokens, tree_parents, tree_valid, samples, max_depth: int):
+    """Follow the target's samples down a tree (one row).
+
+    Args:
+      tree_tokens, tree_parents, tree_valid: ``[N]`` (parents index the node list, -1 = root).
+      samples: ``[N + 1]`` the target's token at every verify row ``[root, nodes...]``.
+    Returns:
+      ``path [max_depth + 1]`` verify-row indices ``[0, n_1 + 1, ...]`` (zeros past the
+      accepted length), ``accepted`` (nodes accepted) and ``last`` (verify row of the
+      last accepted node; its sample is the bonus token).
+    """
+    row_parent = tree_parents + 1                        # verify row of each node's parent
+
+    def step(i, carry):
+        path, accepted, current, alive = carry
+        wanted = samples[current]
+        match = tree_valid & (row_parent == current) & (tree_tokens == wanted)
+        found = alive & jnp.any(match)
+        nxt = jnp.argmax(match).astype(jnp.int32) + 1
+        current = jnp.where(found, nxt, current)
+        path = path.at[i + 1].set(jnp.where(found, nxt, 0))
+        return path, accepted + found.astype(jnp.int32), current, found
+
+    init = (jnp.zeros((max_depth + 1,), jnp.int32), jnp.int32(0), jnp.int32(0), jnp.bool_(True))
+    path, accepted, current, _ = jax.lax.fori_loop(0, max_depth, step, init)
+    return path, accepted, current
+
+
+# ----------------------------------------------------------------------------- strategies
+
+
+class Verdict(NamedTuple):
+    """What verification decided for one round."""
+
+    accepted: jax.Array           # [B] int32 accepted drafts
+    bonus: jax.Array              # [B] int32 the target's token after the accepted path
+    path: jax.Array | None        # [B, P] verify rows [root, accepted...] (trees); None:
+    #                               the accepted drafts are the chain's first ``accepted``
+
+
+@dataclasses.dataclass(frozen=True)
+class Match:
+    """Sample the target at every verified row; accept drafts equal to the samples (chains:
+    the leading run; trees: the walk from the root)."""
+
+    name = "match"
+    verifies_trees = True
+
+    def accept(self, key: jax.Array, proposal: Proposal, target_log_probs: jax.Array,
+               max_commit: int) -> Verdict:
+        """``target_log_probs [B, N + 1, V]`` at ``[root, tokens...]``; ``max_commit``: the
+        drafter's longest path + 1 (trees: the walk's depth)."""
+        if proposal.tree is None:
+            return Verdict(*verify_match(key, proposal.tokens, target_log_probs), None)
+        tree = proposal.tree
+        samples = jax.random.categorical(key, target_log_probs, axis=-1).astype(jnp.int32)
+        path, accepted, last = jax.vmap(
+            lambda t, p, v, s: walk_tree(t, p, v, s, max_commit - 1))(
+            tree.tokens, tree.parents, tree.valid, samples)
+        bonus = jnp.take_along_axis(samples, last[:, None], axis=1)[:, 0]
+        return Verdict(accepted, bonus, path)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rejection:
+    """Speculative (rejection) sampling against the draft distribution ``q`` of a chain;
+    falls back to :class:`Match` when nothing was drafted (AR)."""
+
+    name = "rejection"
+    verifies_trees = False
+
+    def accept(self, key: jax.Array, proposal: Proposal, target_log_probs: jax.Array,
+               max_commit: int) -> Verdict:
+        if proposal.tree is not None:
+            raise ValueError("'rejection' verifies chains only: best-first trees define no "
+                             "draft distribution; use 'match'")
+        if proposal.log_q is None:
+            return Match().accept(key, proposal, target_log_probs, max_commit)
+        return Verdict(*verify_rejection(key, proposal.tokens, target_log_probs,
+                                         proposal.log_q), None)
+
+
+VERIFY_RULES = {rule.name: rule for rule in (Match(), Rejection())}
+
+
+def verify_rule(rule) -> Match | Rejection:
+    """A rule given by name (``"match"``, ``"rejection"``) or as a strategy instance
+    (anything with ``accept(key, proposal, target_log_probs, max_commit) -> Verdict``)."""
+    if isinstance(rule, str):
+        if rule not in VERIFY_RULES:
+            raise ValueError(f"unknown verification rule {rule!r}; choose one of "
+                             f"{sorted(VERIFY_RULES)}")
+        return VERIFY_RULES[rule]
+    if not callable(getattr(rule, "accept", None)):
+        raise ValueError(f"verification rule {rule!r} has no accept(key, proposal, "
+                         "target_log_probs, max_commit) method")
+    return rule

@@ -1,7 +1,8 @@
-"""The Domino head: a bias-free GRU over the in-block prefix + a low-rank logit correction.
+"""The Domino head as one unit: its parameters, its decode layout and every operation the
+chain rollout, the trees and training need.
 
-algorithms.md §3.1-§3.3. For draft hidden ``z_i`` (the backbone's final-normed state, the
-same tensor that feeds the target LM head) and GRU state ``s``::
+The maths (docs/algorithms.md §3.1-§3.3). For draft hidden ``z_i`` (the backbone's
+final-normed state, the same tensor that feeds the target LM head) and GRU state ``s``::
 
     final_i = base_i + W2 · silu(W1 · [z_i ; s])       base_i = lm_head(z_i)
 
@@ -11,31 +12,43 @@ GRU (PyTorch semantics, gate order r, z, n; zero initial state; no biases)::
     r = σ(gi_r + gh_r); z = σ(gi_z + gh_z); n = tanh(gi_n + r ⊙ gh_n)
     h' = (1 − z) ⊙ n + z ⊙ h
 
-Parameters (plain dict, Flax ``[in, out]`` layout, i.e. the transpose of torch's)::
+Parameters, the checkpoint layout (:data:`HeadParams`, a plain dict in Flax ``[in, out]``
+layout, the transpose of torch's; training, the converters and the teacher-forced path
+use it)::
 
     prefix_gru/weight_ih   [H, 3G]   (torch prefix_gru.weight_ih_l0 [3G, H])
     prefix_gru/weight_hh   [G, 3G]   (torch prefix_gru.weight_hh_l0 [3G, G])
     embed_proj_0/kernel    [H+G, E]  (torch embed_proj.0.weight [E, H+G]); rows [:H] act on z
     embed_proj_2/kernel    [E, V]    (torch embed_proj.2.weight [V, E])
 
-Two pure entry points over the same params: :func:`teacher_forced_logits` (training, the
-§3.2 table in *block-slot* indexing) and :func:`rollout` (inference, *draft-index*
-indexing, one token at a time as a ``lax.scan``). Matmuls run in the activations' dtype
-with float32 accumulation; gates and the logit add are float32 (algorithms.md §9.4).
+The decode layout, :class:`DecodeHead` (made once at load time by :func:`decode_head`):
+the plain parameters plus ``state_proj = [W1_s | W_hh]`` (the two products of a GRU state
+become one) and, optionally, the float32 ``[V, 3G]`` GRU input table ``embed @ W_ih`` (a
+step's input gates become a row gather). Every operation below takes either layout and
+gives the same values up to float32 accumulation order.
+
+Operations: :func:`root_gru_state`, :func:`child_state`, :func:`state_products`,
+:func:`token_input_gates` (GRU steps); :func:`correction` and
+:func:`teacher_forced_logits` (training, *block-slot* indexing); :func:`rollout` (the
+chain's drafts, *draft-index* indexing); :func:`tree_children` (DominoTree's children of
+a node). Matmuls run in the activations' dtype with float32 accumulation; gates and the
+logit add are float32 (docs/algorithms.md §9.4).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
+import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from domino_jax.config import DraftConfig
 from domino_jax.topk import top_k
 
-HeadParams = dict[str, Any]
+HeadParams = dict[str, Any]     # the checkpoint layout (see the module doc)
 ChooseFn = Callable[[jax.Array, jax.Array], jax.Array]   # (logits [B, V] f32, key) -> [B]
 
 
@@ -70,15 +83,84 @@ def _init_head_params(config: DraftConfig, rng: jax.Array, dtype) -> HeadParams:
         treedef, [init(k, leaf, p) for k, leaf, p in zip(keys, leaves, paths)])
 
 
+def head_param_count(config: DraftConfig) -> int:
+    """Number of head parameters: ``3G(H+G) + E(H+G) + V E``."""
+    h, g, e, v = config.hidden_size, config.gru_hidden_dim, config.emb_dim, config.vocab_size
+    return 3 * g * (h + g) + e * (h + g) + v * e
+
+
+# --------------------------------------------------------------------------- decode layout
+
+
+@flax.struct.dataclass
+class DecodeHead:
+    """The head in its decode layout (a pytree; see the module doc).
+
+    ``params``: the plain :data:`HeadParams`. ``state_proj``: ``[G, E + 3G]`` =
+    ``[W1_s | W_hh]``. ``input_table``: ``[V, 3G]`` float32 ``embed_table @ W_ih``, or
+    ``None`` (then a step's input gates are ``embed_table[t] @ W_ih``). Made by
+    :func:`decode_head`.
+    """
+
+    params: HeadParams
+    state_proj: jax.Array
+    input_table: jax.Array | None = None
+
+
+Head = Union[HeadParams, DecodeHead]     # what every operation below accepts
+
+
+def plain_params(head: Head) -> HeadParams:
+    """The checkpoint-layout parameters of either layout."""
+    return head.params if isinstance(head, DecodeHead) else head
+
+
+def _concat(arrays):
+    if all(isinstance(a, np.ndarray) for a in arrays):
+        return np.concatenate(arrays, axis=-1)
+    return jnp.concatenate(arrays, axis=-1)
+
+
+def decode_head(head_params: HeadParams, embed_table: Any, input_table: bool = True) -> DecodeHead:
+    """The head in its decode layout, made once at load time.
+
+    At decode the rollout's steps are sequential and each is a few one-row products, so
+    every product saved per step is a kernel launch saved ``K`` times per round:
+    ``state_proj = [W1_s | W_hh]`` makes the state's two products one, and the GRU input
+    table (``12 V G`` bytes: 1.87 GB for Qwen3's vocabulary and ``G = 1024``; float32 so
+    the gates equal the plain path's, where the reference fast paths keep a bf16 table)
+    makes a step's input gates a row gather instead of an ``[H, 3G]`` product.
+
+    ``embed_table [V, H]``: the target's embedding table (the GRU's inputs are its rows).
+    ``input_table=False`` makes only ``state_proj``. Raises ``ValueError`` when the head is
+    already a :class:`DecodeHead` or the shapes disagree.
+    """
+    if isinstance(head_params, DecodeHead):
+        raise ValueError("head params already in the decode layout (a DecodeHead)")
+    w_ih = head_params["prefix_gru"]["weight_ih"]
+    if tuple(embed_table.shape[1:]) != (w_ih.shape[0],):
+        raise ValueError(f"embed_table {tuple(embed_table.shape)} does not fit the head's "
+                         f"prefix_gru/weight_ih {tuple(w_ih.shape)} (hidden size)")
+    table = None
+    if input_table:
+        table = jax.jit(gru_input_table)(head_params,
+                                         jnp.asarray(embed_table).astype(w_ih.dtype))
+    return DecodeHead(params=head_params, state_proj=_concat(list(state_kernels(head_params))),
+                      input_table=table)
+
+
+# --------------------------------------------------------------------------- GRU steps
+
+
 def _matmul(x: jax.Array, kernel: jax.Array) -> jax.Array:
     """``x [..., in] @ kernel [in, out]`` in ``x.dtype`` with float32 accumulation -> float32."""
     return jnp.einsum("...i,io->...o", x, kernel.astype(x.dtype),
                       preferred_element_type=jnp.float32)
 
 
-def gru_input_gates(head_params: HeadParams, x: jax.Array) -> jax.Array:
+def gru_input_gates(head: Head, x: jax.Array) -> jax.Array:
     """Input half of a GRU step: ``x [..., H] -> gi [..., 3G]`` float32."""
-    return _matmul(x, head_params["prefix_gru"]["weight_ih"])
+    return _matmul(x, plain_params(head)["prefix_gru"]["weight_ih"])
 
 
 def gru_update(input_gates: jax.Array, hidden_gates: jax.Array, state: jax.Array) -> jax.Array:
@@ -93,96 +175,108 @@ def gru_update(input_gates: jax.Array, hidden_gates: jax.Array, state: jax.Array
     return new_state.astype(state.dtype)
 
 
-def gru_step_from_gates(head_params: HeadParams, input_gates: jax.Array,
-                        state: jax.Array) -> jax.Array:
+def gru_step_from_gates(head: Head, input_gates: jax.Array, state: jax.Array) -> jax.Array:
     """One GRU step given ``gi [..., 3G]`` (float32) and ``state [..., G]`` -> new state
     (``state.dtype``)."""
-    hidden_gates = _matmul(state, head_params["prefix_gru"]["weight_hh"])
+    hidden_gates = _matmul(state, plain_params(head)["prefix_gru"]["weight_hh"])
     return gru_update(input_gates, hidden_gates, state)
 
 
-def token_input_gates(head_params: HeadParams, embed_table: jax.Array, tokens: jax.Array,
+def token_input_gates(head: Head, embed_table: jax.Array, tokens: jax.Array,
                       dtype) -> jax.Array:
     """GRU input gates of ``tokens [...]`` -> float32 ``[..., 3G]``.
 
-    A row gather from ``head_params["gru_input_table"]`` when the head is in the decode layout
-    (:func:`domino_jax.models.fused_layout.head_decode_params`), else ``embed_table[tokens]``
-    (cast to ``dtype``) times ``W_ih``. The two agree up to float32 accumulation order.
+    A row gather from the input table of a :class:`DecodeHead` that has one, else
+    ``embed_table[tokens]`` (cast to ``dtype``) times ``W_ih``. The two agree up to float32
+    accumulation order.
     """
-    if "gru_input_table" in head_params:
-        return head_params["gru_input_table"][tokens].astype(jnp.float32)
-    return gru_input_gates(head_params, embed_table[tokens].astype(dtype))
+    if isinstance(head, DecodeHead) and head.input_table is not None:
+        return head.input_table[tokens].astype(jnp.float32)
+    return gru_input_gates(head, embed_table[tokens].astype(dtype))
 
 
-def state_kernels(head_params: HeadParams) -> tuple[jax.Array, jax.Array]:
+def state_kernels(head: Head) -> tuple[jax.Array, jax.Array]:
     """The two kernels the GRU state multiplies: ``(W1_s [G, E], W_hh [G, 3G])``."""
-    hidden_size = head_params["prefix_gru"]["weight_ih"].shape[0]
-    return _split_w1(head_params, hidden_size)[1], head_params["prefix_gru"]["weight_hh"]
+    params = plain_params(head)
+    hidden_size = params["prefix_gru"]["weight_ih"].shape[0]
+    return _split_w1(params, hidden_size)[1], params["prefix_gru"]["weight_hh"]
 
 
-def state_products(head_params: HeadParams, state: jax.Array) -> tuple[jax.Array, jax.Array]:
+def state_products(head: Head, state: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``(state W1_s [..., E], state W_hh [..., 3G])``, float32, for ``state [..., G]``.
 
-    Both products read the same state: in the decode layout (``state_proj/kernel [G, E + 3G]``
+    Both products read the same state: with a :class:`DecodeHead` (``state_proj [G, E + 3G]``
     = ``[W1_s | W_hh]``) they are one product, one kernel launch instead of two per step.
     """
-    if "state_proj" in head_params:
-        both = _matmul(state, head_params["state_proj"]["kernel"])
-        emb_dim = head_params["embed_proj_0"]["kernel"].shape[1]
+    if isinstance(head, DecodeHead):
+        both = _matmul(state, head.state_proj)
+        emb_dim = head.params["embed_proj_0"]["kernel"].shape[1]
         return both[..., :emb_dim], both[..., emb_dim:]
-    w1_s, w_hh = state_kernels(head_params)
+    w1_s, w_hh = state_kernels(head)
     return _matmul(state, w1_s), _matmul(state, w_hh)
 
 
-def root_gru_state(head_params: HeadParams, root_embed: jax.Array) -> jax.Array:
+def root_gru_state(head: Head, root_embed: jax.Array) -> jax.Array:
     """GRU state after the root token only: one step from the zero state (whose hidden gates
     are zero, so no ``W_hh`` product). ``root_embed [..., H]`` -> ``[..., G]`` (its dtype)."""
-    g = head_params["prefix_gru"]["weight_hh"].shape[0]
+    g = plain_params(head)["prefix_gru"]["weight_hh"].shape[0]
     batch = root_embed.shape[:-1]
-    return gru_update(gru_input_gates(head_params, root_embed),
+    return gru_update(gru_input_gates(head, root_embed),
                       jnp.zeros(batch + (3 * g,), jnp.float32),
                       jnp.zeros(batch + (g,), root_embed.dtype))
 
 
-def gru_cell(head_params: HeadParams, x: jax.Array, state: jax.Array) -> jax.Array:
+def child_state(head: Head, embed_table: jax.Array, parent_states: jax.Array,
+                tokens: jax.Array) -> jax.Array:
+    """GRU state of a tree node from its parent's state and its own token: ``parent_states
+    [..., G]``, ``tokens [...]`` -> ``[..., G]`` (one GRU step on the token's embedding; its
+    input gates are a row gather when the head has an input table)."""
+    gates = token_input_gates(head, embed_table, tokens, parent_states.dtype)
+    return gru_step_from_gates(head, gates, parent_states)
+
+
+def gru_cell(head: Head, x: jax.Array, state: jax.Array) -> jax.Array:
     """``torch.nn.GRUCell(bias=False)``: ``x [..., H]``, ``state [..., G]`` -> ``[..., G]``."""
-    return gru_step_from_gates(head_params, gru_input_gates(head_params, x), state)
+    return gru_step_from_gates(head, gru_input_gates(head, x), state)
 
 
-def gru_states(head_params: HeadParams, inputs: jax.Array) -> jax.Array:
+def gru_states(head: Head, inputs: jax.Array) -> jax.Array:
     """GRU from a zero state over ``inputs [N, T, H]``: all states ``[N, T, G]`` (state ``t``
     has consumed inputs ``0..t``), as a ``lax.scan`` over time."""
-    gates = gru_input_gates(head_params, inputs)                        # [N, T, 3G]
-    g = head_params["prefix_gru"]["weight_hh"].shape[0]
+    gates = gru_input_gates(head, inputs)                               # [N, T, 3G]
+    g = plain_params(head)["prefix_gru"]["weight_hh"].shape[0]
     state0 = jnp.zeros((inputs.shape[0], g), inputs.dtype)
 
     def step(state, gi):
-        state = gru_step_from_gates(head_params, gi, state)
+        state = gru_step_from_gates(head, gi, state)
         return state, state
 
     _, states = jax.lax.scan(step, state0, jnp.swapaxes(gates, 0, 1))
     return jnp.swapaxes(states, 0, 1)
 
 
-def _split_w1(head_params: HeadParams, hidden_size: int):
-    w1 = head_params["embed_proj_0"]["kernel"]
+def _split_w1(params: HeadParams, hidden_size: int):
+    w1 = params["embed_proj_0"]["kernel"]
     return w1[:hidden_size], w1[hidden_size:]
 
 
-def correction(head_params: HeadParams, draft_hidden: jax.Array,
-               gru_state: jax.Array) -> jax.Array:
+# --------------------------------------------------------------------------- correction
+
+
+def correction(head: Head, draft_hidden: jax.Array, gru_state: jax.Array) -> jax.Array:
     """``Δ = W2 · silu(W1 · [z ; s])``: ``draft_hidden [..., H]``, ``gru_state [..., G]`` ->
     float32 ``[..., V]``."""
-    w1_z, w1_s = _split_w1(head_params, draft_hidden.shape[-1])
+    params = plain_params(head)
+    w1_z, w1_s = _split_w1(params, draft_hidden.shape[-1])
     pre = _matmul(draft_hidden, w1_z) + _matmul(gru_state.astype(draft_hidden.dtype), w1_s)
     act = jax.nn.silu(pre).astype(draft_hidden.dtype)
-    return _matmul(act, head_params["embed_proj_2"]["kernel"])
+    return _matmul(act, params["embed_proj_2"]["kernel"])
 
 
-def teacher_forced_logits(head_params: HeadParams, config: DraftConfig,
+def teacher_forced_logits(head: Head, config: DraftConfig,
                           draft_hidden: jax.Array, base_logits: jax.Array,
                           prev_token_embeds: jax.Array) -> jax.Array:
-    """Training path (algorithms.md §3.2, §3.4), in block-slot indexing.
+    """Training path (docs/algorithms.md §3.2, §3.4), in block-slot indexing.
 
     Args:
       draft_hidden: ``[N, Bk, H]`` backbone output for every block slot.
@@ -194,34 +288,34 @@ def teacher_forced_logits(head_params: HeadParams, config: DraftConfig,
       ``base + Δ(z_k, g)`` with ``g`` = GRU state after ``x_a..x_{a+k}`` (``shift_label``) or
       after ``x_a..x_{a+k-1}`` (otherwise).
     """
-    states = gru_states(head_params, prev_token_embeds.astype(draft_hidden.dtype))  # [N, Bk, G]
+    states = gru_states(head, prev_token_embeds.astype(draft_hidden.dtype))  # [N, Bk, G]
     if not config.shift_label:                # slot k uses the state before input k
         states = jnp.concatenate([jnp.zeros_like(states[:, :1]), states[:, :-1]], axis=1)
-    delta = correction(head_params, draft_hidden, states)
+    delta = correction(head, draft_hidden, states)
     slots = jnp.arange(base_logits.shape[1])[None, :, None]
     base = base_logits.astype(jnp.float32)
     return jnp.where(slots >= config.suffix_start, base + delta, base)
 
 
-def gru_input_table(head_params: HeadParams, embed_table: jax.Array) -> jax.Array:
+def gru_input_table(head: Head, embed_table: jax.Array) -> jax.Array:
     """``[V, 3G]`` float32 table ``embed_table @ W_ih``: a GRU input step on token ``t`` becomes
-    the row gather ``table[t]`` (algorithms.md §3.1's fast-path table). Made once, at load
-    time, by :func:`domino_jax.models.fused_layout.head_decode_params`."""
-    return gru_input_gates(head_params, embed_table)
+    the row gather ``table[t]`` (docs/algorithms.md §3.1). Made once, at load time, by
+    :func:`decode_head`."""
+    return gru_input_gates(head, embed_table)
 
 
-def rollout(head_params: HeadParams, config: DraftConfig, draft_hidden: jax.Array,
+# --------------------------------------------------------------------------- chain rollout
+
+
+def rollout(head: Head, config: DraftConfig, draft_hidden: jax.Array,
             base_logits: jax.Array, root_embed: jax.Array, embed_table: jax.Array,
             choose_fn: ChooseFn, rng_key: jax.Array,
             candidate_topm: int = 0) -> tuple[jax.Array, jax.Array]:
-    """Inference rollout of one block (algorithms.md §3.3), in draft-index indexing.
+    """Inference rollout of one block (docs/algorithms.md §3.3), in draft-index indexing.
 
     Args:
-      head_params: the head's parameters, plain or in the decode layout
-        (:func:`domino_jax.models.fused_layout.head_decode_params`: a ``[V, 3G]`` GRU input
-        table makes a step's input gates a row gather instead of an ``[H, 3G]`` product, and
-        ``[W1_s | W_hh]`` makes the two products of the state one). Same drafts either way,
-        up to float32 accumulation order.
+      head: the head's parameters, plain or a :class:`DecodeHead` (same drafts either way,
+        up to float32 accumulation order).
       draft_hidden: ``[B, K, H]`` the ``K = k_draft`` draft positions (the caller drops block
         slot 0 when ``shift_label`` is false).
       base_logits: ``[B, K, V]`` target LM head on ``draft_hidden``.
@@ -232,7 +326,7 @@ def rollout(head_params: HeadParams, config: DraftConfig, draft_hidden: jax.Arra
       rng_key: split into one key per position.
       candidate_topm: ``M > 0``: corrected positions choose among the top-``M`` tokens of
         their own base logits only (the candidate pool of SGLang's Domino rollout and of
-        DominoTree's ``corr_topm``, algorithms.md §3.3 / §5.3). The correction is then
+        DominoTree's ``corr_topm``, docs/algorithms.md §3.3 / §5.3). The correction is then
         ``M`` dot products instead of a ``[E, V]`` product, and the candidates' GRU input
         gates are gathered once per block, so a step reads kilobytes instead of ~100 MB.
         Drafts equal the full-vocab ones whenever the full-vocab choice lies in the
@@ -248,21 +342,21 @@ def rollout(head_params: HeadParams, config: DraftConfig, draft_hidden: jax.Arra
     vocab = base_logits.shape[-1]
     prefix_len = min(config.pure_draft_prefix_len, num_drafts)
     act_dtype = draft_hidden.dtype
-    w1_z, _ = _split_w1(head_params, hidden_size)
-    w2 = head_params["embed_proj_2"]["kernel"]
+    w1_z, _ = _split_w1(plain_params(head), hidden_size)
+    w2 = plain_params(head)["embed_proj_2"]["kernel"]
     z_proj = _matmul(draft_hidden, w1_z)                                   # [B, K, E] hoisted
     base = base_logits.astype(jnp.float32)
     m = min(candidate_topm, vocab)
     if m > 0:                                          # per-position pools, made once
         cand_logits, cand = top_k(base, m)                                # [B, K, M] int32
         w2_cand = jnp.moveaxis(w2[:, cand], 0, -1)                        # [B, K, M, E]
-        cand_gates = token_input_gates(head_params, embed_table, cand, act_dtype)
-    state = root_gru_state(head_params, root_embed.astype(act_dtype))    # after [root]
+        cand_gates = token_input_gates(head, embed_table, cand, act_dtype)
+    state = root_gru_state(head, root_embed.astype(act_dtype))           # after [root]
     keys = jax.random.split(rng_key, num_drafts)
     tokens, logits, pooled = [], [], []
     for i in range(num_drafts):
         corrected = i >= prefix_len
-        state_w1, state_hh = state_products(head_params, state)        # one product, decode
+        state_w1, state_hh = state_products(head, state)               # one product, decode
         if corrected:
             u = jax.nn.silu(z_proj[:, i] + state_w1).astype(act_dtype)
         if corrected and m > 0:
@@ -275,7 +369,7 @@ def rollout(head_params: HeadParams, config: DraftConfig, draft_hidden: jax.Arra
         else:
             logits_i = base[:, i] + _matmul(u, w2) if corrected else base[:, i]
             token = choose_fn(logits_i, keys[i]).astype(jnp.int32)
-            gates = token_input_gates(head_params, embed_table, token, act_dtype)
+            gates = token_input_gates(head, embed_table, token, act_dtype)
             logits.append(logits_i)
         if i + 1 < num_drafts:
             state = gru_update(gates, state_hh, state)
@@ -291,7 +385,74 @@ def rollout(head_params: HeadParams, config: DraftConfig, draft_hidden: jax.Arra
     return jnp.stack(tokens, axis=1), logits
 
 
-def head_param_count(config: DraftConfig) -> int:
-    """Number of head parameters: ``3G(H+G) + E(H+G) + V E``."""
-    h, g, e, v = config.hidden_size, config.gru_hidden_dim, config.emb_dim, config.vocab_size
-    return 3 * g * (h + g) + e * (h + g) + v * e
+# --------------------------------------------------------------------------- tree children
+
+
+def tree_children(head: Head, draft_config: DraftConfig, draft_hidden: jax.Array,
+                  base_logits: jax.Array, node_topk: int = 8, topm: int = 64,
+                  marginal: bool = False):
+    """DominoTree's children of a node (docs/algorithms.md §5.3), one tree (one batch row).
+
+    Precomputes once per round (per depth ``d``): ``z_proj[d] = W1_z · hid[d]``, the top-M
+    base candidates ``cand[d]``, their base logits and their float32 ``W2`` rows. Returns
+    ``(children, ntop)`` where ``children(states [..., G], d) -> (tokens [..., ntop] int32,
+    log_probs [..., ntop] float32)`` gives the top-``ntop`` children at depth ``d`` (clamped
+    to ``K - 1``; static or traced) of nodes whose GRU states are ``states``
+    (``children(states, d, state_w1)`` takes ``states @ W1_s [..., E]`` float32 precomputed,
+    e.g. by :func:`state_products`):
+
+    * ``d < P`` (``pure_draft_prefix_len``) or ``marginal``: top of the full-vocab
+      ``log_softmax(base[d])``, the same for every state;
+    * ``topm = M > 0``: ``c = base[d][cand] + W2c[d] · silu(W1 · [hid[d]; state])``,
+      normalised over the ``M`` candidates only (the reference's mixed normalisation);
+    * ``topm = 0``: the full-vocabulary correction.
+
+    ``draft_hidden [K, H]``, ``base_logits [K, V]``: the round's draft positions.
+    """
+    k_depth, vocab = base_logits.shape
+    hidden_size = draft_hidden.shape[-1]
+    prefix = draft_config.pure_draft_prefix_len
+    ntop = min(node_topk, vocab)
+    act = draft_hidden.dtype
+    base = base_logits.astype(jnp.float32)
+    # log_softmax(base) = (base - max) - log(sum(exp(base - max))), jax.nn.log_softmax's formula
+    shift = jnp.max(base, axis=-1, keepdims=True)
+    log_norm = jnp.log(jnp.sum(jnp.exp(base - shift), axis=-1, keepdims=True))   # [K, 1]
+    m = 0 if marginal else min(topm, vocab)
+    # one vocabulary-wide top-k (descending): its first ntop entries are the uncorrected
+    # children, its first M the path-independent candidates
+    top_vals, top_ids = top_k(base, max(ntop, m))                      # [K, max(ntop, M)]
+    base_tok = top_ids[:, :ntop]
+    base_lp = (top_vals[:, :ntop] - shift) - log_norm                  # log_softmax at the top
+    if not marginal:
+        params = plain_params(head)
+        w1_z, w1_s = _split_w1(params, hidden_size)
+        w2 = params["embed_proj_2"]["kernel"]                          # [E, V]
+        z_proj = _matmul(draft_hidden, w1_z)                           # [K, E] f32
+        if m > 0:
+            bc, cand = top_vals[:, :m], top_ids[:, :m]                 # [K, M]
+            w2c = jnp.moveaxis(w2[:, cand], 0, -1).astype(jnp.float32)  # [K, M, E]
+
+    def children(states, d, state_w1=None):
+        d = jnp.minimum(d, k_depth - 1)
+        batch = states.shape[:-1]
+        from_base = (jnp.broadcast_to(base_tok[d], batch + (ntop,)),
+                     jnp.broadcast_to(base_lp[d], batch + (ntop,)))
+        if marginal:
+            return from_base
+        if state_w1 is None:
+            state_w1 = _matmul(states.astype(act), w1_s)
+        pre = z_proj[d] + state_w1
+        u = jax.nn.silu(pre).astype(jnp.float32)                      # [..., E]
+        if m > 0:
+            c = bc[d] + jnp.einsum("me,...e->...m", w2c[d], u)
+            lp_c, j = jax.lax.top_k(jax.nn.log_softmax(c), ntop)
+            tok_c = cand[d][j]
+        else:
+            c = base[d] + _matmul(u.astype(act), w2)
+            lp_c, tok_c = jax.lax.top_k(jax.nn.log_softmax(c), ntop)
+            tok_c = tok_c.astype(jnp.int32)
+        use_base = d < prefix
+        return (jnp.where(use_base, from_base[0], tok_c), jnp.where(use_base, from_base[1], lp_c))
+
+    return children, ntop

@@ -209,7 +209,8 @@ class HeldoutEvaluator:
     def __call__(self, draft_params: Any) -> dict[str, dict[str, float]]:
         """``{method: {kind: tau, ..., "all": tau}}`` for ``draft_params`` (float32 masters
         or any dtype, checkpoint layout)."""
-        from domino_jax.decode.loading import draft_decode_layout, make_drafter
+        from domino_jax.decode.loading import draft_decode_layout
+        from domino_jax.decode.methods import make_drafter, method_options
         from domino_jax.decode.speculative import DecodeConfig, generate
 
         dtype = self.target.dtype
@@ -219,7 +220,8 @@ class HeldoutEvaluator:
             method, options = parse_method(name)
             config, dparams = draft_decode_layout(self.draft_config, params, self.target_params,
                                                   method, self.fused)
-            drafter = make_drafter(config, self.target, method, **options)
+            drafter = make_drafter(config, self.target, method,
+                                   method_options(method, **options))
             decode = DecodeConfig(method=method, max_new_tokens=self.max_new_tokens,
                                   stop_token_ids=self.stop_token_ids)
             hists = []
