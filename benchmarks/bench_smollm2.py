@@ -177,13 +177,13 @@ def main() -> None:
     import jax
     import jax.numpy as jnp
 
-    from domino_jax.models.fused_layout import head_decode_params
-    from domino_jax.decode.loading import (default_models, load_pair, load_tokenizer,
-                                           make_drafter)
+    from domino_jax.decode.loading import default_models, load_pair
+    from domino_jax.decode.methods import make_drafter, method_options
     from domino_jax.decode.sampling import SamplingConfig
-    from domino_jax.decode.ngram import NGRAM_DEFAULTS
     from domino_jax.decode.speculative import DecodeConfig, precompile, prompt_bucket
-    from domino_jax.train.data import build_prompts, chat_ids, is_eval_prompt, stop_ids_of
+    from domino_jax.models.domino_head import decode_head
+    from domino_jax.text import encode_prompt, load_tokenizer, stop_token_ids
+    from domino_jax.train.data import build_prompts, is_eval_prompt
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     budgets = [int(b) for b in args.budgets.split(",")]
@@ -195,31 +195,33 @@ def main() -> None:
     dtype = jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
     # One load: "dflash" fits any DFlash/Domino checkpoint; the other drafters share its
     # config and weights.
-    target, tparams, base, dparams = load_pair(target_dir, draft_dir, "dflash", dtype)
+    target, tparams, base, dparams = load_pair(target_dir, draft_dir,
+                                               "dflash" if draft_dir else "ar", dtype)
     if dparams is not None and "head" in dparams:
-        # the head's decode leaves, as load_pair gives the head methods
-        dparams = dict(dparams, head=head_decode_params(
+        # the head's decode layout, as load_pair gives the head methods
+        dparams = dict(dparams, head=decode_head(
             dparams["head"], tparams["embed_tokens"]["embedding"]))
+    draft_config = getattr(base, "config", None)         # None: no checkpoint (ar, ngram)
 
     def drafter_for(method: str, budget: int | None):
-        options = {} if budget is None else dict(budget=budget)
-        if method in ("ar", "ngram"):
-            return NGRAM_DEFAULTS if method == "ngram" else None
-        return make_drafter(base.config, target, method, **options)
+        if method == "ar":
+            return None
+        options = method_options(method, **({} if budget is None else dict(budget=budget)))
+        return make_drafter(draft_config, target, method, options)
 
     def params_for(drafter):
-        return dparams if drafter is not None and drafter.method != "ngram" else None
+        return dparams if drafter is not None and drafter.needs_checkpoint else None
 
     tokenizer = load_tokenizer(target_dir)
     # held-out prompts whose chat length falls in one padding bucket: one compiled program
     # per task instead of one per bucket (the bench's wall time is mostly compilation)
     pool = [q for q in build_prompts(4000, seed=123) if is_eval_prompt(q)]
-    pool_ids = [chat_ids(tokenizer, q) for q in pool[:8 * args.prompts]]
+    pool_ids = [encode_prompt(tokenizer, q) for q in pool[:8 * args.prompts]]
     buckets = [prompt_bucket(len(x)) for x in pool_ids]
     common = max(set(buckets), key=buckets.count)
     chosen = [i for i, b in enumerate(buckets) if b == common][:args.prompts]
     prompts, ids = [pool[i] for i in chosen], [pool_ids[i] for i in chosen]
-    stops = stop_ids_of(tokenizer, target.config)
+    stops = stop_token_ids(tokenizer, target.config)
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M%S")
     meta = dict(date=stamp, commit=args.git_commit or git_commit(),
                 device=str(jax.devices()[0].device_kind), jax=jax.__version__,

@@ -52,11 +52,13 @@ def main() -> None:
     import jax.numpy as jnp
     import numpy as np
 
-    from domino_jax.decode.loading import default_models, load_pair, load_tokenizer
+    from domino_jax.decode.loading import default_models, load_pair
+    from domino_jax.decode.methods import METHODS
     from domino_jax.decode.ngram import NGRAM_DEFAULTS
     from domino_jax.decode.sampling import SamplingConfig
     from domino_jax.decode.speculative import DecodeConfig, generate
-    from domino_jax.train.data import build_prompts, chat_ids, is_eval_prompt, stop_ids_of
+    from domino_jax.text import encode_prompt, load_tokenizer, stop_token_ids
+    from domino_jax.train.data import build_prompts, is_eval_prompt
 
     target_dir, draft_dir = default_models(None, None)
     dtype = jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
@@ -69,15 +71,14 @@ def main() -> None:
     else:
         prompts = [q for q in build_prompts(4000, seed=123) if is_eval_prompt(q)][:args.prompts]
         KINDS, kinds = (), []
-    ids = [chat_ids(tokenizer, q) for q in prompts]
+    ids = [encode_prompt(tokenizer, q) for q in prompts]
     wanted = [m.strip() for m in args.methods.split(",") if m.strip()]
-    known = ("ar", "ngram", "dflash", "domino", "ddtree", "dominotree")
-    unknown = [m for m in wanted if m not in known]
+    unknown = [m for m in wanted if m not in METHODS]
     if unknown:
-        raise SystemExit(f"--methods: unknown {unknown}; known: {', '.join(known)}")
-    methods = [(m, {}) for m in ("ar", "ngram", "dflash", "domino") if m in wanted]
+        raise SystemExit(f"--methods: unknown {unknown}; known: {', '.join(METHODS)}")
+    methods = [(m, {}) for m in wanted if not METHODS[m].proposes_trees]
     for b in [int(x) for x in args.budgets.split(",")]:
-        methods += [(m, dict(budget=b)) for m in ("ddtree", "dominotree") if m in wanted]
+        methods += [(m, dict(budget=b)) for m in wanted if METHODS[m].proposes_trees]
     rows = []
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M%S")
 
@@ -110,9 +111,9 @@ def main() -> None:
     for temp in [float(t) for t in args.temperatures.split(",")]:
         for method, options in methods:
             target, tparams, drafter, dparams = load_pair(
-                target_dir, None if method in ("ar", "ngram") else draft_dir, method, dtype,
-                **options)
-            stops = stop_ids_of(tokenizer, target.config)
+                target_dir, draft_dir if METHODS[method].needs_checkpoint else None, method,
+                dtype, **options)
+            stops = stop_token_ids(tokenizer, target.config)
             config = DecodeConfig(method=method, max_new_tokens=args.max_new_tokens,
                                   sampling=SamplingConfig(temp), stop_token_ids=stops)
             t0 = time.perf_counter()

@@ -89,11 +89,11 @@ def main() -> None:
     import numpy as np
 
     from converters.hf_target import load_target
-    from domino_jax.decode.drafters import ChainDrafter
-    from domino_jax.decode.loading import load_tokenizer
+    from domino_jax.decode.methods import make_drafter
     from domino_jax.decode.sampling import SamplingConfig
     from domino_jax.decode.speculative import DecodeConfig, generate
     from domino_jax.models.qwen3 import TargetLM
+    from domino_jax.text import load_tokenizer
     from domino_jax.train import data as data_lib
     from domino_jax.train.config import TrainConfig
     from domino_jax.train.loop import load_trained_draft, train
@@ -189,7 +189,7 @@ def main() -> None:
                                                  results["stages"][f"train_{kind}"].items()
                                                  if k != "loss_curve"}))
             draft_config, draft_params = load_trained_draft(res.export_dir, dtype)
-            drafters[kind] = (ChainDrafter(draft_config, target, kind), draft_params)
+            drafters[kind] = (make_drafter(draft_config, target, kind), draft_params)
         except Exception as e:  # noqa: BLE001  (keep going: other stages still report)
             results["stages"][f"train_{kind}"] = {"error": repr(e),
                                                  "traceback": traceback.format_exc()}

@@ -21,9 +21,9 @@ class _Tokenizer:
 
 @pytest.fixture
 def stand_in_tokenizer(monkeypatch):
-    import domino_jax.text as text
+    import domino_jax.decode.loading as loading
 
-    monkeypatch.setattr(text, "load_tokenizer", lambda folder: _Tokenizer())
+    monkeypatch.setattr(loading, "load_tokenizer", lambda folder: _Tokenizer())
 
 
 def test_wrong_target_path(capsys, tmp_path):

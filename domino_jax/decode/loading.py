@@ -23,7 +23,8 @@ from domino_jax.models.domino_head import decode_head
 from domino_jax.models.fused_layout import fuse_model
 from domino_jax.models.qwen3 import TargetLM
 from domino_jax.pallas import check_attention_implementation
-from domino_jax.text import load_tokenizer  # noqa: F401 (the loader's old home)
+# the text functions decoding uses (their home: domino_jax.text), re-exported
+from domino_jax.text import encode_prompt, load_tokenizer, stop_token_ids  # noqa: F401
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
 DEMO_DRAFT_DIR = os.path.join(ASSETS, "smollm2-domino")

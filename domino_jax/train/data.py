@@ -1,4 +1,4 @@
-"""Self-distillation data (algorithms.md §9.9): the target answers offline prompts.
+"""Self-distillation data (docs/algorithms.md §9.9): the target answers offline prompts.
 
     prompts = build_prompts(2000, seed=0)                 # chat / arithmetic / code, offline
     train_prompts, eval_prompts = split_prompts(prompts)  # held out by hash, never trained on
@@ -36,8 +36,8 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from domino_jax.console import add_verbose_flag, setup_logging
-from domino_jax.decode.loading import encode_prompt as chat_ids  # noqa: F401 (public name)
-from domino_jax.decode.loading import stop_token_ids as stop_ids_of  # noqa: F401
+from domino_jax.text import encode_prompt as chat_ids  # noqa: F401 (public name)
+from domino_jax.text import stop_token_ids as stop_ids_of  # noqa: F401
 from domino_jax.train.shard_store import ShardDataset
 
 log = logging.getLogger(__name__)
@@ -344,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     import jax.numpy as jnp
 
     from converters.hf_target import load_target
-    from domino_jax.decode.loading import load_tokenizer
+    from domino_jax.text import load_tokenizer
     from domino_jax.models.qwen3 import TargetLM
 
     target_dir = args.target
