@@ -44,7 +44,7 @@ HEAD_RULES = [
 ]
 DRAFT_RULES = BACKBONE_RULES + HEAD_RULES
 _IGNORED = [r"rotary_emb\.inv_freq$"]
-MASK_EMBEDDING = "mask_embedding"   # our learned mask token (algorithms.md §9.15)
+MASK_EMBEDDING = "mask_embedding"   # our learned mask token (docs/algorithms.md §9.15)
 
 
 def draft_param_shapes(config: DraftConfig, dtype=jnp.bfloat16) -> dict:
@@ -69,14 +69,16 @@ def convert_draft_tensors(config: DraftConfig, tensors: dict[str, np.ndarray], w
                         ignore=_IGNORED, dtype=np.dtype(dtype))
 
 
-def load_draft(path: str, dtype=jnp.bfloat16) -> tuple[DraftConfig, dict]:
-    """Config and params (``jax.Array`` s of ``dtype``) from a draft checkpoint folder.
+def load_draft(path: str, dtype=jnp.bfloat16,
+               config: DraftConfig | None = None) -> tuple[DraftConfig, dict]:
+    """Config and params (``jax.Array`` s of ``dtype``) from a draft checkpoint folder
+    (``config``: the folder's config when already read).
 
     A drafter trained by us for a target with no spare embedding row carries its own
     learned mask token as an extra tensor ``mask_embedding [H]`` (our extension, flagged by
     ``dflash_config.learned_mask_embedding``); it is returned as ``params["mask_embedding"]``.
     """
-    config = DraftConfig.from_path(path)
+    config = config or DraftConfig.from_path(path)
     tensors = dict(read_tensors(path))
     mask = tensors.pop(MASK_EMBEDDING, None)
     params = convert_draft_tensors(config, tensors, path, dtype)

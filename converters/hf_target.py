@@ -65,9 +65,11 @@ def convert_target_tensors(config: TargetConfig, tensors: dict[str, np.ndarray],
                         dtype=np.dtype(dtype))
 
 
-def load_target(path: str, dtype=jnp.bfloat16) -> tuple[TargetConfig, dict]:
-    """Config and params (as ``jax.Array`` s of ``dtype``) from an HF checkpoint folder."""
-    config = TargetConfig.from_path(path)
+def load_target(path: str, dtype=jnp.bfloat16,
+                config: TargetConfig | None = None) -> tuple[TargetConfig, dict]:
+    """Config and params (as ``jax.Array`` s of ``dtype``) from an HF checkpoint folder
+    (``config``: the folder's config when already read)."""
+    config = config or TargetConfig.from_path(path)
     params = convert_target_tensors(config, read_tensors(path), path, dtype)
     return config, jax.tree_util.tree_map(jnp.asarray, params)
 

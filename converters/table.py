@@ -153,19 +153,30 @@ def params_to_hf(params: Mapping[str, Any], rules: list[Rule]) -> dict[str, np.n
 # --------------------------------------------------------------------------- file access
 
 
+def _load_file(file: str) -> dict[str, np.ndarray]:
+    """One ``.safetensors`` file; :class:`CheckpointError` naming it when it cannot be read."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    try:
+        return dict(load_file(file))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{file}: not a readable safetensors file ({e}); it may be "
+                              "truncated or corrupt: copy or convert it again") from e
+
+
 def read_tensors(path: str) -> dict[str, np.ndarray]:
     """All tensors of an HF checkpoint folder (or a single ``.safetensors`` file).
 
     Accepts ``model.safetensors``, a sharded ``model.safetensors.index.json``, any single
     ``*.safetensors``, and ``pytorch_model.bin`` only when torch is installed. Read with
-    numpy (bf16 via ml_dtypes); no torch needed for safetensors.
+    numpy (bf16 via ml_dtypes); no torch needed for safetensors. A truncated or corrupt
+    file raises :class:`CheckpointError` naming it.
     """
-    from safetensors.numpy import load_file
-
     if not os.path.exists(path):
         raise CheckpointError(f"checkpoint path {path!r} does not exist")
     if os.path.isfile(path):
-        return dict(load_file(path))
+        return _load_file(path)
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.exists(index):
         with open(index) as f:
@@ -175,14 +186,14 @@ def read_tensors(path: str) -> dict[str, np.ndarray]:
             shard_path = os.path.join(path, shard)
             if not os.path.exists(shard_path):
                 raise CheckpointError(f"{index} names shard {shard!r}, which is missing")
-            tensors.update(load_file(shard_path))
+            tensors.update(_load_file(shard_path))
         return tensors
     single = os.path.join(path, "model.safetensors")
     if os.path.exists(single):
-        return dict(load_file(single))
+        return _load_file(single)
     files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
     if len(files) == 1:
-        return dict(load_file(os.path.join(path, files[0])))
+        return _load_file(os.path.join(path, files[0]))
     bin_file = os.path.join(path, "pytorch_model.bin")
     if os.path.exists(bin_file):
         try:

@@ -20,6 +20,10 @@ import jax
 import jax.numpy as jnp
 
 
+# The attention score of a key a query may not see: finite, so a row that sees no key at
+# all gets a uniform average instead of NaN (the value jax.nn.dot_product_attention uses).
+MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+
 SLOT_ALIGN = 64   # default capacities are multiples of this (the attention kernel's key chunk)
 
 

@@ -1,6 +1,6 @@
 """Building blocks shared by the target and the DFlash drafter: RMSNorm, RoPE, attention, MLP.
 
-Conventions (algorithms.md §1.3):
+Conventions (docs/algorithms.md §1.3):
 * RMSNorm computes in float32 and casts back to the input dtype *before* the weight multiply.
 * RoPE is half-split ("rotate_half"), tables computed in float32 and cast to the activation dtype.
 * Attention: grouped-query (query head ``j`` reads kv head ``j // (nH / nKV)``), scores and
@@ -18,11 +18,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from domino_jax.kv_cache import MASK_VALUE  # noqa: F401 (the masked score, used below)
 from domino_jax.models.blockwise_attention import attend_blockwise
+from domino_jax.pallas import cache_attention as kernel
 from domino_jax.pallas import check_attention_implementation
 
 Dtype = Any
-MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: fully masked rows give no NaN
 
 
 class RMSNorm(nn.Module):
@@ -96,15 +97,10 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array,
     :data:`MASK_VALUE`), takes the softmax in float32, casts the probabilities to the key/value
     dtype and multiplies by ``v`` without a preferred type.
 
-    Why the library call: on one H200 (``benchmarks/bench_attention.py``, Qwen3-8B shape 32
-    query / 8 kv heads, head dim 128, bf16) it is faster than the einsum formulation, most of
-    all for multi-query verify: 17 queries over 2321 keys 40.3 vs 70.4 us/layer
-    (``benchmarks/results/attention_2026-12-01_022157.md``, 16 layers); 17 over 769 keys 22.8
-    vs 32.1 and 1 over 769 keys 13.4 vs 14.6 us/layer (36 layers,
-    ``benchmarks/results/attention_2026-12-01_021700_partial.log``). That benchmark's bf16
-    check (the state after its loop of ``q += 1e-3 * attention``, not each output) read 0
-    difference; on the CPU the bf16 outputs of the test shapes are bitwise equal.
-    (``implementation="cudnn"`` was slower there at 17 queries and not bitwise equal.)
+    Why the library call: on GPUs it measured faster than the einsum formulation, most of
+    all for multi-query verify, and cuDNN's was slower at 17 queries and not bitwise equal
+    (``benchmarks/bench_attention.py``; ``benchmarks/NOTES.md`` entries 10-11). On the CPU the
+    bf16 outputs of the test shapes are bitwise equal to the einsum's.
 
     The library requires ``q``, ``k`` and ``v`` to share one dtype; mixed dtypes (e.g. float32
     queries over a bf16 cache) go to :func:`attend_reference`, which promotes as before.
@@ -119,8 +115,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array,
                                            implementation="cudnn")
         return out.astype(v.dtype)
     if path.startswith("pallas"):
-        from domino_jax.pallas.cache_attention import cache_attention
-        return cache_attention(q, k, v, visible, interpret=path == "pallas_interpret")
+        return kernel.cache_attention(q, k, v, visible, interpret=path == "pallas_interpret")
     if not (q.dtype == k.dtype == v.dtype):
         return attend_reference(q, k, v, visible)
     out = jax.nn.dot_product_attention(q, k, v, mask=visible.astype(bool)[:, None],
@@ -147,7 +142,6 @@ def resolve_attention(implementation: str, q: jax.Array, k: jax.Array, v: jax.Ar
                              f"inputs of one dtype (q {q.dtype}, k {k.dtype}, v {v.dtype}); "
                              "use 'blockwise' or 'xla'")
         return "cudnn"
-    from domino_jax.pallas import cache_attention as kernel
     if kernel.too_many_rows(q.shape, k.shape):
         return "xla"                    # a prefill: the XLA path by design, for every choice
     reason = kernel.supported(q.shape, k.shape)
@@ -178,9 +172,8 @@ def attend_cache_layer(q: jax.Array, keys: jax.Array, values: jax.Array, layer: 
     if path == "blockwise":            # reads the layer block by block, in place
         return attend_blockwise(q, keys, values, visible, MASK_VALUE, layer=layer)
     if path.startswith("pallas"):
-        from domino_jax.pallas.cache_attention import cache_attention
-        return cache_attention(q, keys, values, visible, layer=layer,
-                               interpret=path == "pallas_interpret")
+        return kernel.cache_attention(q, keys, values, visible, layer=layer,
+                                      interpret=path == "pallas_interpret")
     return attend(q, k, v, visible, path)
 
 

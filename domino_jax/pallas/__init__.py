@@ -1,5 +1,5 @@
 """Hand-written kernels, each beside its plain-JAX reference, chosen by an ``implementation=``
-switch (style.md "Kernels").
+switch; asking for an unavailable kernel fails fast.
 
 * :mod:`domino_jax.pallas.cache_attention`: split-K attention of a few query rows over the
   KV cache (Pallas Triton backend), picked by ``models.layers.attend(implementation=...)``.

@@ -19,12 +19,10 @@ every query row with at least one visible key, in the flash form:
   are never read: the unused capacity of the cache costs nothing.
 * With ``layer=`` the kernel reads one layer of the stacked ``[L, B, S, nKV, D]`` cache in
   place (a layer slice given to a custom call is first copied out by XLA).
-* :func:`combine_partials` (plain XLA: a few small fusions, an estimated ~4-6 us per layer
-  on the H200 with the query pad and output slice) merges the runs.
+* :func:`combine_partials` (plain XLA: a few small fusions) merges the runs.
 
-Status (``benchmarks/NOTES.md`` entry 15): opt-in. On the H200 the slice-taking version was
-4-40% faster than XLA's attention in isolation and a wash in the decode loops; the in-place
-``layer=`` form is tested here but not yet measured on the GPU.
+Status: opt-in; the measurements and what remains to measure are in ``benchmarks/NOTES.md``,
+entry 15.
 
 Differences from the reference, all in the last bits: probabilities are rounded to the value
 dtype before normalisation (the reference rounds after), and the sum over keys runs in chunk
@@ -46,7 +44,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from domino_jax.models.layers import MASK_VALUE
+from domino_jax.kv_cache import MASK_VALUE
 TARGET_PROGRAMS = 512     # programs per call the splits aim for (H200: 132 SMs)
 
 
@@ -224,8 +222,7 @@ def cache_attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array
       k, v: ``[B, S, nKV, D]``, or with ``layer`` the whole stacked cache ``[L, B, S, nKV,
         D]`` (``KVCache.keys``), of which the kernel reads layer ``layer`` in place. Prefer
         the stacked form: a layer slice handed to a custom call is first copied out by XLA
-        (on the H200 two ~3 us copies per layer at 2304 slots,
-        ``benchmarks/results/profile_2026-12-01_070411.md``).
+        (two copies per layer, seen in a profile: ``benchmarks/NOTES.md`` entry 15).
       layer: static index into the stacked cache (``None``: ``k, v`` are one layer).
       interpret: run the kernel in the Pallas interpreter (any backend; tests on the CPU).
       target_programs, block_k, num_warps: tuning (``benchmarks/bench_attention.py``);
