@@ -191,7 +191,7 @@ class TargetConfig:
         return raw
 
 
-# Public Qwen3 geometries (algorithms.md §1.1) for eval_shape tests and benchmarks.
+# Public Qwen3 geometries (docs/algorithms.md §1.1) for eval_shape tests and benchmarks.
 QWEN3_8B = TargetConfig("qwen3", 151936, 4096, 36, 32, 8, 128, 12288, 1e-6, 1e6,
                         tie_word_embeddings=False, eos_token_ids=(151645,), bos_token_id=151643)
 QWEN3_4B = TargetConfig("qwen3", 151936, 2560, 36, 32, 8, 128, 9728, 1e-6, 1e6,
@@ -204,7 +204,7 @@ _PROJECTOR_ALIASES = {"causal_v5": "domino", "domino": "domino"}
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
-    """Reference rule for the tapped target layers (algorithms.md §2.2).
+    """Reference rule for the tapped target layers (docs/algorithms.md §2.2).
 
     ``[n_target // 2]`` for one draft layer, else ``round(1 + i * (n_target - 4) / (n - 1))``
     (Python's banker's rounding, as the reference). ``(36, 5) -> (1, 9, 17, 25, 33)``.
@@ -319,7 +319,8 @@ class DraftConfig:
 
     @classmethod
     def from_hf_dict(cls, raw: dict[str, Any], where: str = "config.json") -> "DraftConfig":
-        """Parse a released DFlash / Domino draft ``config.json`` (algorithms.md §2.1, §3.1)."""
+        """Parse a released DFlash / Domino draft ``config.json`` (docs/algorithms.md §2.1,
+        §3.1)."""
         dflash = dict(raw.get("dflash_config") or {})
         if raw.get("attention_bias"):
             raise ConfigError(f"{where}: attention_bias=true is not supported for the drafter")
@@ -467,7 +468,7 @@ def check_draft_fits_target(draft: DraftConfig, target: TargetConfig) -> None:
         raise ConfigError("draft does not fit the target: " + "; ".join(problems))
 
 
-# Public drafter geometries (algorithms.md §2.1, §3.1).
+# Public drafter geometries (docs/algorithms.md §2.1, §3.1).
 QWEN3_8B_DOMINO_DRAFT = DraftConfig(
     vocab_size=151936, hidden_size=4096, num_layers=5, num_heads=32, num_kv_heads=8,
     head_dim=128, intermediate_size=12288, block_size=16, num_target_layers=36,

@@ -2,8 +2,8 @@
 
 ``jax.lax.top_k`` on a ``[..., V]`` array with ``V`` ~ 150k and ``k`` beyond the small-k
 fast path is a sort of every row on GPUs. The builders and the candidate-pool head need the
-top 8-64 tokens of 16 rows of ``V = 151936`` logits per round, and on the H200 those
-top-k calls are the largest fixed cost of a tree build (benchmarks/NOTES.md, entry 4).
+top 8-64 tokens of 16 rows of ``V = 151936`` logits per round, and on GPUs those top-k
+calls were the largest fixed cost of a tree build (benchmarks/NOTES.md, entry 4).
 
 Two stages, exact:
 
@@ -29,9 +29,8 @@ import jax.numpy as jnp
 
 CHUNK = 128            # values per chunk (stage 1)
 MIN_VOCAB = 8192       # below this, one lax.top_k is cheap enough
-SMALL_K = 4            # k up to here: lax.top_k. Over [16, 151936] on the H200 two stages
-                       # win from k = 8 on: 0.17 vs 0.28 ms at k 8, 0.22 vs 0.44 at 16,
-                       # 0.17 vs 0.87 at 64 (NOTES entry 8); k <= 4 was not measured
+SMALL_K = 4            # k up to here: lax.top_k (two stages measured faster from k = 8
+                       # on, benchmarks/NOTES.md entry 8; k <= 4 was not measured)
 
 
 def two_stage_top_k(x: jax.Array, k: int, chunk: int = CHUNK) -> tuple[jax.Array, jax.Array]:

@@ -1,4 +1,4 @@
-"""DraftConfig parsing (algorithms.md §2.1, §2.2, §3.1, §3.2, §9.1)."""
+"""DraftConfig parsing (docs/algorithms.md §2.1, §2.2, §3.1, §3.2, §9.1)."""
 
 from __future__ import annotations
 

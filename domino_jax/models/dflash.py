@@ -1,4 +1,4 @@
-"""The DFlash block backbone (algorithms.md §2.3), shared by DFlash and Domino drafters.
+"""The DFlash block backbone (docs/algorithms.md §2.3), shared by DFlash and Domino drafters.
 
 Used as a pure function::
 

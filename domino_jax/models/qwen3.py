@@ -7,8 +7,8 @@ Used as a pure function::
     out.logits [B, T, V] float32, out.taps (tap arrays [B, T, H]), out.cache (K/V written)
 
 Parameter tree (mirrors HF names minus the ``model.`` prefix; layers are unrolled, one
-subtree per layer, because scanning stacked weights in the decode loop costs 2.3x on the
-H200, see performance.md): ``embed_tokens/embedding [V, H]``, ``layers_{i}/self_attn/
+subtree per layer, because a scan over stacked weights made the decode loop much slower on
+GPUs): ``embed_tokens/embedding [V, H]``, ``layers_{i}/self_attn/
 {q,k,v,o}_proj/kernel``, ``layers_{i}/self_attn/{q,k}_norm/weight``, ``layers_{i}/
 {input,post_attention}_layernorm/weight``, ``layers_{i}/mlp/{gate,up,down}_proj/kernel``,
 ``norm/weight``, ``lm_head/kernel [H, V]`` (untied only).

@@ -22,7 +22,7 @@ INIT_FROM_TARGET = ("none", "last", "spread")  # see loss.target_layers_for_init
 
 
 def default_gamma(block_size: int) -> float:
-    """Loss-decay gamma: 7 for block 16, 5 for 10, 4 for 8 (algorithms.md §2.5), else
+    """Loss-decay gamma: 7 for block 16, 5 for 10, 4 for 8 (docs/algorithms.md §2.5), else
     ``block_size * 7 / 16`` (at least 1)."""
     return {16: 7.0, 10: 5.0, 8: 4.0}.get(block_size, max(1.0, block_size * 7.0 / 16.0))
 
@@ -33,7 +33,7 @@ class TrainConfig:
 
     ``batch_size`` sequences per optimizer step, split into ``micro_batches`` equal
     micro-batches whose gradients are averaged (a ``lax.scan``); each micro-batch's loss is
-    normalised by its own sum of decayed weights (algorithms.md §9.12).
+    normalised by its own sum of decayed weights (docs/algorithms.md §9.12).
     """
 
     drafter: str = "domino"              # "dflash" | "domino"

@@ -60,7 +60,7 @@ MASK_EMBEDDING = "mask_embedding"
 
 def export_trained_draft(config: DraftConfig, params: dict, path: str) -> None:
     """HF export via ``converters.hf_draft.export_draft`` (bf16), plus our ``mask_embedding``
-    tensor (algorithms.md §9.15 extension) appended to ``model.safetensors``."""
+    tensor (docs/algorithms.md §9.15 extension) appended to ``model.safetensors``."""
     from safetensors.numpy import load_file, save_file
 
     from converters.hf_draft import export_draft

@@ -1,4 +1,4 @@
-"""The DFlash / Domino training objective (algorithms.md §2.5, §3.2, §3.4, §9.10-9.12).
+"""The DFlash / Domino training objective (docs/algorithms.md §2.5, §3.2, §3.4, §9.10-9.12).
 
 Per sequence ``x [S]`` with ``loss_mask [S]`` (response tokens):
 

@@ -6,7 +6,7 @@
 
 * ``TrainState(step, params, opt_state)``: float32 master params; the loss casts them to
   ``compute_dtype``. ``step`` counts optimizer steps already taken; the step being
-  computed is ``step + 1`` (the lambda schedule counts from 1, §9.11).
+  computed is ``step + 1`` (the lambda schedule counts from 1, docs/algorithms.md §9.11).
 * Randomness (anchor sampling) is ``fold_in(PRNGKey(seed), step + 1)`` split per
   micro-batch: a pure function of the step, so a resumed run repeats it exactly.
 * Sharding: the frozen target by ``sharding.target_param_shardings`` (tensor/fsdp), the
