@@ -10,7 +10,8 @@ device, Qwen3-8B target and drafter shapes):
   verify (target forward over K+1 tokens with the KV cache), commit;
 * the round cost ``c = round_ms / ar_step_ms`` and projected speedups ``tau / c``; with
   ``--forced-taus`` also the loop with a forced acceptance length (random weights accept
-  nothing, so we patch the verifier to accept ``tau - 1`` drafts per round);
+  nothing, so the config's verification rule is one that accepts ``tau - 1`` drafts per
+  round, :class:`ForcedMatch`);
 * every time beside its memory-bandwidth floor (bytes counted from the parameter shapes);
 * Hugging Face ``Qwen3ForCausalLM.generate`` (bf16, sdpa, dynamic and static cache) on the
   same shape, in a child process with a hard timeout (``hf_generate_worker.py``: a slow
@@ -135,13 +136,15 @@ import jax.numpy as jnp  # noqa: E402
 
 from domino_jax.config import (QWEN3_8B, QWEN3_8B_DOMINO_DRAFT, DraftConfig,  # noqa: E402
                                TargetConfig)
+from domino_jax.decode import round as round_lib  # noqa: E402
 from domino_jax.decode import speculative  # noqa: E402
-from domino_jax.decode.drafters import ChainDrafter  # noqa: E402
-from domino_jax.decode.sampling import target_log_probs  # noqa: E402
+from domino_jax.decode.drafters import DominoOptions  # noqa: E402
+from domino_jax.decode.methods import make_drafter  # noqa: E402
 from domino_jax.decode.speculative import DecodeConfig, generate  # noqa: E402
-from domino_jax.kv_cache import align_slots  # noqa: E402
+from domino_jax.decode.contract import Proposal  # noqa: E402
+from domino_jax.decode.verify import Match, Verdict  # noqa: E402
+from domino_jax.kv_cache import KVCache, align_slots  # noqa: E402
 from domino_jax.models import dflash, domino_head, qwen3  # noqa: E402
-from domino_jax.models.fused_layout import head_decode_params  # noqa: E402
 from domino_jax.models.qwen3 import TargetLM  # noqa: E402
 
 # --------------------------------------------------------------------------- shapes
@@ -153,6 +156,20 @@ TINY_DOMINO = DraftConfig(
     intermediate_size=128, block_size=4, num_target_layers=4, mask_token_id=511,
     target_layer_ids=(0, 2), projector_type="domino", pure_draft_prefix_len=1,
     shift_label=True, emb_dim=16, gru_hidden_dim=32)
+
+
+@dataclasses.dataclass(frozen=True)
+class ForcedMatch(Match):
+    """A verification rule for timing only: every round accepts ``accepted`` drafts (and the
+    target's argmax after them as the bonus), whatever the drafts are."""
+
+    accepted: int = 0
+
+    def accept(self, key, proposal, target_log_probs, max_commit):
+        batch = proposal.tokens.shape[0]
+        accepted = jnp.full((batch,), self.accepted, jnp.int32)
+        bonus = jnp.argmax(target_log_probs[:, self.accepted], axis=-1).astype(jnp.int32)
+        return Verdict(accepted, bonus, None)
 
 
 def dflash_config_of(domino: DraftConfig) -> DraftConfig:
@@ -269,23 +286,23 @@ class Bench:
             + (f"{init['device_peak_bytes'] / 1e9:.2f} GB" if init["device_peak_bytes"]
                else "n/a"))
         self.plain_head = head
-        if a.layout == "fused":      # the head's decode leaves too, as load_pair gives them
-            head = head_decode_params(head, self.tp["embed_tokens"]["embedding"])
+        if a.layout == "fused":      # the head's decode layout too, as load_pair gives it
+            head = domino_head.decode_head(head, self.tp["embed_tokens"]["embedding"])
             jax.block_until_ready(head)
         self.dp = {"domino": {"backbone": backbone, "head": head},
                    "dflash": {"backbone": backbone}}
-        self.drafters = {"domino": ChainDrafter(self.domino_cfg, self.target, "domino"),
-                         "dflash": ChainDrafter(self.dflash_cfg, self.target, "dflash")}
+        self.drafters = {"domino": make_drafter(self.domino_cfg, self.target, "domino"),
+                         "dflash": make_drafter(self.dflash_cfg, self.target, "dflash")}
         for m in self.args.methods:                 # domino_poolM: the head with a top-M pool
             if m.startswith("domino_pool"):
                 self.dp[m] = self.dp["domino"]
-                self.drafters[m] = ChainDrafter(self.domino_cfg, self.target, "domino",
-                                                head_topm=int(m[len("domino_pool"):]))
+                self.drafters[m] = make_drafter(self.domino_cfg, self.target, "domino",
+                                                DominoOptions(int(m[len("domino_pool"):])))
         t = self.tcfg
         embed = tree_bytes(self.tp["embed_tokens"])
         target_total = tree_bytes(self.tp)
         lm_head = t.hidden_size * t.vocab_size * 2
-        head_w2 = tree_bytes(head["embed_proj_2"])
+        head_w2 = tree_bytes(domino_head.plain_params(head)["embed_proj_2"])
         n_corr = self.domino_cfg.k_draft - self.domino_cfg.pure_draft_prefix_len
         self.bytes = {
             "target_params_total": target_total,
@@ -302,7 +319,7 @@ class Bench:
             # each corrected step re-reads W2 (78 MB > L2); the rest of the head once
             "head_floor": n_corr * head_w2 + tree_bytes(head) - head_w2,
             # candidate pool: W_ih / W1 once, W_hh per step, M rows of W2 per position
-            "head_gru_hh": tree_bytes(head["prefix_gru"]["weight_hh"]),
+            "head_gru_hh": tree_bytes(domino_head.plain_params(head)["prefix_gru"]["weight_hh"]),
         }
         self.results["bytes"] = self.bytes
         self.results["params"] = {"target": target_total // 2, "draft_backbone":
@@ -320,7 +337,7 @@ class Bench:
         b = self.bytes
         k = self.drafters[method].num_drafts
         vocab = self.tcfg.vocab_size
-        topm = self.drafters[method].head_topm
+        topm = getattr(self.drafters[method].options, "head_topm", 0)
         if method == "dflash":
             head = k * vocab * 4                               # argmax over the base logits
         elif topm:
@@ -336,10 +353,11 @@ class Bench:
 
     # ---- loops
 
-    def decode_config(self, method: str, capacity: int | None = None) -> DecodeConfig:
+    def decode_config(self, method: str, capacity: int | None = None,
+                      verify=Match()) -> DecodeConfig:
         base_method = "domino" if method.startswith("domino") else method
         return DecodeConfig(method=base_method, max_new_tokens=self.args.new_tokens,
-                            capacity=capacity)
+                            capacity=capacity, verify=verify)
 
     def gen(self, method: str, prompt: list[int], config: DecodeConfig, seed: int):
         drafter = self.drafters.get(method) if method != "ar" else None
@@ -395,9 +413,9 @@ class Bench:
         k = drafter.num_drafts if drafter is not None else 0
         capacity = align_slots(speculative.required_capacity(plen, config, k))
         key = jax.random.PRNGKey(0)
-        prefill_fn, _, _ = speculative._compiled(self.target, drafter, config, self.tp, dp,
-                                                 prompt, prompt_len, key, capacity)
-        return prefill_fn(self.tp, dp, prompt, prompt_len, key), config
+        prefill_fn = jax.jit(round_lib.prefill, static_argnums=(0, 1, 2, 8))
+        return prefill_fn(self.target, drafter, config, self.tp, dp, prompt, prompt_len, key,
+                          capacity), config
 
     def measure_stages(self, method: str, plen: int) -> dict:
         reps = self.args.stage_reps
@@ -429,7 +447,6 @@ class Bench:
         drafter = self.drafters[method]
         dp = self.dp[method]
         k = drafter.num_drafts
-        dcfg = drafter.config
         width = state.context.shape[1]
         ctx_len = jnp.full((batch,), min(max(self.args.forced_taus or [6]), width), jnp.int32)
         context = (0.5 * jax.random.normal(key, state.context.shape, jnp.float32)
@@ -438,17 +455,17 @@ class Bench:
         root, start = jnp.array(state.root), jnp.array(state.target_cache.lengths)
         dcache = {"c": state.draft_cache}
         tcache = {"c": state.target_cache}
+        # the state the stage functions read, without the big caches (passed on their own)
+        lengths_only = KVCache(jnp.zeros((1, 1, 1, 1, 1), state.target_cache.keys.dtype),
+                               jnp.zeros((1, 1, 1, 1, 1), state.target_cache.values.dtype),
+                               start)
+        small = state.replace(target_cache=lengths_only, draft_cache=None, context=context,
+                              context_len=ctx_len)
 
         # 1. draft backbone (embed the block, fc + layers; cache committed then rolled back)
         def backbone(dparams, tparams, root, start, context, context_len, draft_cache):
-            context_pos = (start - context_len)[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
-            embeds, block_pos = drafter._block(tparams, root, start)
-            hidden, draft_cache = drafter.backbone.apply(
-                {"params": dparams["backbone"]}, context, context_pos, context_len, embeds,
-                block_pos, draft_cache)
-            if method == "dflash" or not dcfg.shift_label:
-                hidden = hidden[:, 1:]
-            hidden = hidden[:, :k]
+            hidden, draft_cache = drafter.block_hidden(tparams, dparams, root, start, context,
+                                                       context_len, draft_cache)
             # keep the committed length fixed across repeated calls
             return hidden, draft_cache.replace(lengths=draft_cache.lengths - context_len)
 
@@ -462,24 +479,20 @@ class Bench:
         hidden = run_bb()
 
         # 2. LM head on the K draft rows
-        lm = jax.jit(lambda p, h: drafter._lm_head(p, h))
+        lm = jax.jit(lambda p, h: drafter.lm_head(p, h))
         lm_c, cs = compile_timed(lm, tp, hidden)
         out["lm_head"] = dict(time_calls(lambda: lm_c(tp, hidden), reps), compile_s=cs)
         base = lm_c(tp, hidden)
 
         # 3. head: Domino rollout, or DFlash argmax
-        argmax = lambda logits, _key: jnp.argmax(logits, axis=-1).astype(jnp.int32)  # noqa: E731
         if method.startswith("domino"):
             def head_fn(dparams, tparams, hidden, base, root, key):
-                root_embed = drafter._embed(tparams, root)
-                return domino_head.rollout(dparams["head"], dcfg, hidden, base, root_embed,
-                                           tparams["embed_tokens"]["embedding"], argmax, key,
-                                           candidate_topm=drafter.head_topm)[0]
+                return drafter.rollout(tparams, dparams, hidden, base, root, key, config)[0]
             hd, cs = compile_timed(jax.jit(head_fn), dp, tp, hidden, base, root, key)
             out["head"] = dict(time_calls(lambda: hd(dp, tp, hidden, base, root, key), reps),
                                compile_s=cs)
             drafts = hd(dp, tp, hidden, base, root, key)
-            if dp["head"] is not self.plain_head:      # A/B: the head without decode leaves
+            if dp["head"] is not self.plain_head:      # A/B: the head in its checkpoint layout
                 plain = dict(dp, head=self.plain_head)
                 hp, cs = compile_timed(jax.jit(head_fn), plain, tp, hidden, base, root, key)
                 out["head_plain_layout"] = dict(
@@ -493,63 +506,46 @@ class Bench:
             out["head"] = dict(time_calls(lambda: hd(base), reps), compile_s=cs)
             drafts = hd(base)
 
-        # 1+2+3 together: the drafter's propose() exactly as the loop calls it
-        def propose(tparams, dparams, root, start, context, context_len, draft_cache, key):
-            d, _, c = drafter.propose(tparams, dparams, root, start, context, context_len,
-                                      draft_cache, key, config)
-            return d, c.replace(lengths=c.lengths - context_len)
-        pr, cs = compile_timed(jax.jit(propose, donate_argnums=(6,)), tp, dp, root, start,
-                               context, ctx_len, dcache["c"], key)
+        # 1+2+3 together: the round's draft stage exactly as the loop runs it
+        def draft(tparams, dparams, st, draft_cache, key):
+            proposal = round_lib.draft(drafter, config, tparams, dparams,
+                                       st.replace(draft_cache=draft_cache), key)
+            c = proposal.draft_cache
+            return proposal.tokens, c.replace(lengths=c.lengths - st.context_len)
+        pr, cs = compile_timed(jax.jit(draft, donate_argnums=(3,)), tp, dp, small, dcache["c"],
+                               key)
 
         def run_pr():
-            d, dcache["c"] = pr(tp, dp, root, start, context, ctx_len, dcache["c"], key)
+            d, dcache["c"] = pr(tp, dp, small, dcache["c"], key)
             return d
         out["draft_total"] = dict(time_calls(run_pr, reps), compile_s=cs)
 
         # 4. verify: target forward over [root, drafts] with the KV cache (donated, in place)
-        tokens = jnp.concatenate([root[:, None], drafts], axis=1)
-        positions = start[:, None] + jnp.arange(k + 1, dtype=jnp.int32)[None, :]
-        tap_ids = drafter.tap_ids
-        vf = jax.jit(lambda p, t, pos, c: target.apply({"params": p}, t, pos, cache=c,
-                                                       tap_ids=tap_ids), donate_argnums=(3,))
-        vf_c, cs = compile_timed(vf, tp, tokens, positions, tcache["c"])
+        def verify(tparams, st, cache, drafts):
+            return round_lib.verify_forward(target, drafter, tparams,
+                                            st.replace(target_cache=cache), Proposal(drafts))
+        vf_c, cs = compile_timed(jax.jit(verify, donate_argnums=(2,)), tp, small, tcache["c"],
+                                 drafts)
         holder = {}
 
         def run_verify():
-            o = vf_c(tp, tokens, positions, tcache["c"])
+            o = vf_c(tp, small, tcache["c"], drafts)
             tcache["c"] = o.cache
             holder["out"] = o
             return o.logits
         out["verify"] = dict(time_calls(run_verify, reps), compile_s=cs)
-        vout = holder["out"]
+        vout = holder["out"]._replace(cache=lengths_only)
 
-        # 5. commit: acceptance, output writes, cache advance, next draft context
-        def commit(st, drafts, logits, taps, hidden, lengths, key):
-            log_p = target_log_probs(logits, config.sampling)
-            accepted, bonus = speculative.verify_match(key, drafts, log_p)
-            committed = jnp.concatenate([drafts, jnp.zeros((batch, 1), jnp.int32)], axis=1)
-            slot = jnp.arange(k + 1)[None, :]
-            committed = jnp.where(slot == accepted[:, None], bonus[:, None], committed)
-            count = accepted + 1
-            stop_at = speculative._first_stop(committed, count, config.stop_token_ids)
-            count = jnp.where(stop_at < count, stop_at + 1, count)
-            live = ~st.done
-            out_tokens = jnp.where(live[:, None], speculative._write_rows(
-                st.out_tokens, st.num_out, committed), st.out_tokens)
-            num_out = st.num_out + jnp.where(live, count, 0)
-            done = st.done | (live & (num_out >= config.max_new_tokens))
-            new_lengths = lengths + jnp.where(live, accepted + 1, 0)
-            feats = dflash.context_features(dcfg, taps, hidden)
-            hist = st.accept_hist + jax.nn.one_hot(count, st.accept_hist.shape[1],
-                                                   dtype=jnp.int32) * live[:, None]
-            return out_tokens, num_out, done, jnp.where(live, bonus, st.root), new_lengths, \
-                feats.astype(st.context.dtype), hist
+        # 5. accept + commit: acceptance, output writes, cache advance, next draft context
+        def commit(st, drafts, vout, key):
+            proposal = Proposal(drafts)
+            verdict = round_lib.accept(drafter, config, proposal, vout, key)
+            return round_lib.commit(drafter, config, st,
+                                    round_lib.Verified(verdict, proposal, vout), key)
 
-        small = state.replace(target_cache=None, draft_cache=None)
-        cm, cs = compile_timed(jax.jit(commit), small, drafts, vout.logits, vout.taps,
-                               vout.hidden, start, key)
-        out["commit"] = dict(time_calls(lambda: cm(small, drafts, vout.logits, vout.taps,
-                                                   vout.hidden, start, key), reps), compile_s=cs)
+        cm, cs = compile_timed(jax.jit(commit), small, drafts, vout, key)
+        out["commit"] = dict(time_calls(lambda: cm(small, drafts, vout, key), reps),
+                             compile_s=cs)
 
         for name, nbytes in floors.items():
             with_floor(out[name], nbytes)
@@ -568,27 +564,13 @@ class Bench:
     # ---- forced acceptance
 
     def measure_forced(self, method: str, plen: int, tau: int) -> dict:
-        """The real loop with ``accepted = tau - 1`` every round (verify_match patched)."""
+        """The real loop with ``accepted = tau - 1`` every round (:class:`ForcedMatch`)."""
         drafter = self.drafters[method]
         k = drafter.num_drafts
-        forced = min(tau - 1, k)
-
-        def forced_match(key, drafts, log_p):
-            del key
-            b = drafts.shape[0]
-            accepted = jnp.full((b,), forced, jnp.int32)
-            bonus = jnp.argmax(log_p[:, forced], axis=-1).astype(jnp.int32)
-            return accepted, bonus
-
         needed = speculative.required_capacity(plen, self.decode_config(method), k)
-        # a distinct static config forces a fresh trace under the patch
-        config = self.decode_config(method, capacity=align_slots(needed + tau))
-        original = speculative.verify_match
-        speculative.verify_match = forced_match
-        try:
-            entry = self.measure_loop(method, plen, config, label=f"{method} forced tau={tau}")
-        finally:
-            speculative.verify_match = original
+        config = self.decode_config(method, capacity=align_slots(needed + tau),
+                                    verify=ForcedMatch(min(tau - 1, k)))
+        entry = self.measure_loop(method, plen, config, label=f"{method} forced tau={tau}")
         entry["forced_tau"] = tau
         return entry
 

@@ -2,12 +2,12 @@
 
 DominoTree (K = 16 depths, node_topk 8, topm 64, the real head shape: H 4096, G 1024,
 E 256, V 151936) and DDTree (K = 15 depths over V = 151936), budgets 8/16/32/64, batch 1,
-with both builders: ``heap`` (domino_jax/decode/tree.py, one sequential pop per node) and
-``frontier`` (domino_jax/decode/tree_frontier.py, one batched step per depth; the default),
-DominoTree frontier also with the head in its decode layout (the GRU input table; the
-decode default, models/fused_layout.py).
+with the library's builder (domino_jax/decode/tree.py, one batched step per depth),
+DominoTree with the head in its decode layout (``DecodeHead`` with the GRU input table, what
+``load_pair`` gives) and in its checkpoint layout. (Results before the round contract, issue
+16, also timed the heap builders now kept in tests/heap_tree_builders.py as the reference.)
 Each build is one jitted call; warm-up first, then the median of ``--reps`` calls with
-``block_until_ready``. Target (performance.md): <= 0.5 ms per round at budget 16.
+``block_until_ready``. Target: <= 0.5 ms per round at budget 16 (benchmarks/README.md).
 
     python benchmarks/bench_tree_build.py [--budgets 8,16,32,64] [--tiny] [--out DIR]
 """
@@ -43,9 +43,7 @@ def main() -> None:
 
     from domino_jax.config import QWEN3_8B_DOMINO_DRAFT
     from domino_jax.decode import tree as tree_lib
-    from domino_jax.decode import tree_frontier
-    from domino_jax.models.domino_head import init_head_params, root_gru_state
-    from domino_jax.models.fused_layout import head_decode_params
+    from domino_jax.models.domino_head import decode_head, init_head_params, root_gru_state
 
     cfg = QWEN3_8B_DOMINO_DRAFT
     if args.tiny:
@@ -60,7 +58,7 @@ def main() -> None:
     base = (4.0 * jax.random.normal(keys[2], (k, v), jnp.float32)).astype(dtype)
     embed = (0.02 * jax.random.normal(keys[3], (v, h), jnp.float32)).astype(dtype)
     root_state = root_gru_state(head, embed[7])
-    decode_head = head_decode_params(head, embed)          # + [V, 3G] GRU input table
+    head_for_decode = decode_head(head, embed)            # + [V, 3G] GRU input table
 
     def timed(fn, *xs):
         jax.block_until_ready(fn(*xs))                        # compile + warm up
@@ -71,21 +69,19 @@ def main() -> None:
             times.append((time.perf_counter() - t0) * 1e3)
         return statistics.median(times)
 
-    builders = {"heap": (tree_lib.build_dominotree, tree_lib.build_ddtree),
-                "frontier": (tree_frontier.frontier_dominotree, tree_frontier.frontier_ddtree)}
     rows = []
     for budget in [int(b) for b in args.budgets.split(",")]:
         row = dict(budget=budget)
-        for name, (build_domino, build_dd) in builders.items():
-            domino = jax.jit(lambda hp, hd, b, s, e, n=budget, f=build_domino: f(
-                hp, cfg, hd, b, s, e, n, node_topk=8, topm=64))
-            ddtree = jax.jit(lambda b, n=budget, f=build_dd: f(b, n))
-            row[f"dominotree_{name}_ms"] = timed(domino, head, hidden, base, root_state, embed)
-            if name == "frontier":        # the head in its decode layout (the decode default)
-                row[f"dominotree_{name}_decode_head_ms"] = timed(
-                    domino, decode_head, hidden, base, root_state, embed)
-            row[f"ddtree_{name}_ms"] = timed(ddtree, base[1:].astype(jnp.float32))
+        domino = jax.jit(lambda hp, hd, b, s, e, n=budget: tree_lib.build_dominotree(
+            hp, cfg, hd, b, s, e, n, node_topk=8, topm=64))
+        ddtree = jax.jit(lambda b, n=budget: tree_lib.build_ddtree(b, n))
+        row["dominotree_decode_head_ms"] = timed(domino, head_for_decode, hidden, base,
+                                                 root_state, embed)
+        row["dominotree_plain_head_ms"] = timed(domino, head, hidden, base, root_state, embed)
+        row["ddtree_ms"] = timed(ddtree, base[1:].astype(jnp.float32))
         rows.append(row)
+        print(" ".join(f"{name} {value:.3f}" if isinstance(value, float) else f"{name} {value}"
+                       for name, value in row.items()), flush=True)
     # the vocabulary-wide top-k that every build starts with ([K, V] float32): XLA's
     # lax.top_k against the two-stage top-k of domino_jax/topk.py (NOTES.md entry 4)
     from domino_jax import topk as topk_lib
@@ -98,8 +94,6 @@ def main() -> None:
         topk_rows.append(dict(k=top, lax_top_k_ms=lax_ms, two_stage_ms=two_ms))
         print(f"top-{top} over [{k_rows}, {v}]: lax {lax_ms:.3f} ms, two-stage "
               + (f"{two_ms:.3f} ms" if two_ms is not None else "n/a"), flush=True)
-        print(" ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
-                       for k, v in row.items()), flush=True)
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M%S")
     meta = dict(date=stamp, commit=args.git_commit, device=str(jax.devices()[0].device_kind),
                 jax=jax.__version__, dtype=str(jnp.dtype(dtype)), K=k, H=h, V=v,
@@ -110,13 +104,10 @@ def main() -> None:
     lines = [f"# Tree build per round ({meta['device']}, {meta['dtype']}, commit "
              f"{args.git_commit}; K={k}, V={v}, H={h}, G={meta['G']}, E={meta['E']}, "
              "node_topk 8, topm 64)", "",
-             "| budget | DominoTree frontier ms (decode head) | DominoTree frontier ms (plain "
-             "head) | DominoTree heap ms | DDTree frontier ms | DDTree heap ms |",
-             "|---|---|---|---|---|---|"]
-    lines += [f"| {r['budget']} | {r['dominotree_frontier_decode_head_ms']:.3f} | "
-              f"{r['dominotree_frontier_ms']:.3f} | "
-              f"{r['dominotree_heap_ms']:.3f} | {r['ddtree_frontier_ms']:.3f} | "
-              f"{r['ddtree_heap_ms']:.3f} |" for r in rows]
+             "| budget | DominoTree ms (decode head) | DominoTree ms (plain head) | DDTree ms |",
+             "|---|---|---|---|"]
+    lines += [f"| {r['budget']} | {r['dominotree_decode_head_ms']:.3f} | "
+              f"{r['dominotree_plain_head_ms']:.3f} | {r['ddtree_ms']:.3f} |" for r in rows]
     lines += ["", f"Vocabulary-wide top-k over [{k}, {v}] float32 (every build's setup):", "",
               "| k | lax.top_k ms | two-stage ms |", "|---|---|---|"]
     lines += [f"| {r['k']} | {r['lax_top_k_ms']:.3f} | "
