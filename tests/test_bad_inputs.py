@@ -46,7 +46,7 @@ def test_damaged_safetensors_named(tmp_path, damage):
 
 def test_damaged_drafter_cli_exit_2(tmp_path, capsys, monkeypatch):
     """The CLI names the file and exits 2 (the fixture target has no tokenizer: a stand-in)."""
-    import domino_jax.text as text
+    import domino_jax.decode.loading as loading
 
     class Tokenizer:
         chat_template, eos_token_id = None, None
@@ -54,7 +54,7 @@ def test_damaged_drafter_cli_exit_2(tmp_path, capsys, monkeypatch):
         def encode(self, text):
             return [1, 2, 3]
 
-    monkeypatch.setattr(text, "load_tokenizer", lambda folder: Tokenizer())
+    monkeypatch.setattr(loading, "load_tokenizer", lambda folder: Tokenizer())
     draft = _copy(tmp_path, "draft", "truncated")
     code = main(["--target", os.path.join(FIX, "target"), "--draft", draft, "--method", "domino",
                  "--max-new-tokens", "2"])

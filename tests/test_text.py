@@ -62,29 +62,15 @@ def test_thinking_is_off_by_default(tokenizer):
         tokenizer.convert_tokens_to_ids(["hello", "world"])
 
 
-def test_training_data_and_benchmarks_encode_like_the_cli(tokenizer, monkeypatch):
-    """``train.data.chat_ids`` (training data, bench_smollm2, tau_smollm2, train_smollm2) is
-    the CLI's encoding, and the CLI encodes through ``encode_prompt`` with the chat template
-    and thinking off."""
+def test_one_function_everywhere():
+    """The training data (``train.data.chat_ids``: also bench_smollm2, tau_smollm2,
+    train_smollm2, the shards generator) and the decode CLI (``decode.loading``) use this
+    very function (tests/test_shards.py runs the CLI through it)."""
     import domino_jax.decode.loading as loading
-    from domino_jax.decode.__main__ import main
     from domino_jax.train import data as data_lib
 
     assert data_lib.chat_ids is encode_prompt and loading.encode_prompt is encode_prompt
-    calls = []
-
-    def spy(tok, prompt, chat=True, thinking=False):
-        calls.append((prompt, chat, thinking))
-        return encode_prompt(tok, prompt, chat, thinking)
-
-    def stop(*args, **kwargs):
-        raise FileNotFoundError("stop here")
-
-    monkeypatch.setattr(loading, "load_tokenizer", lambda folder: tokenizer)
-    monkeypatch.setattr(loading, "encode_prompt", spy)
-    monkeypatch.setattr(loading, "load_pair", stop)
-    assert main(["--target", os.path.join(FIX, "dflash", "target"), "--prompt", "hello"]) == 2
-    assert calls == [("hello", True, False)]
+    assert loading.load_tokenizer is load_tokenizer
 
 
 def test_stop_tokens_one_rule(tokenizer):
