@@ -5,7 +5,7 @@ Shapes (random target weights made on the device; one device; sequence length 20
 
 * ``smollm2``: the SmolLM2-135M-Instruct target (Llama, 30 layers, H 576, V 49152) and the
   shipped drafter's geometry (2 layers, block 16, G 256, E 64), batch 8;
-* ``qwen3-8b``: the Qwen3-8B target and the reference Domino drafter (algorithms.md §3.1:
+* ``qwen3-8b``: the Qwen3-8B target and the reference Domino drafter (docs/algorithms.md §3.1:
   5 layers, block 16, G 1024, E 256, target layers 1/9/17/25/33), batch 2.
 
 Both with 256 anchors per sequence (the author's Qwen3-8B Domino recipe, §3.4), bf16

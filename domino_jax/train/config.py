@@ -153,7 +153,7 @@ def _chat_template_ids(tokenizer) -> set[int]:
 
 
 def default_mask_token_id(vocab_size: int, tokenizer: Any = None) -> tuple[int, str]:
-    """The mask token a drafter we train uses by default, and why (algorithms.md §9.15).
+    """The mask token a drafter we train uses by default, and why (docs/algorithms.md §9.15).
 
     The mask is the target's frozen embedding row ``mask_token_id``, exactly what the
     reference inference code reads, so an exported drafter drafts the same there. First
