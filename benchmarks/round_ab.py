@@ -175,6 +175,7 @@ def measure_hlo(args) -> dict:
         out[method] = {"while_body_ops": top, "while_body_ops_transitive": everything}
         print(f"{method}: {sum(top.values())} instructions in the while body, "
               f"{sum(everything.values())} with the computations it calls", flush=True)
+        _release()
     return out
 
 
@@ -194,7 +195,22 @@ def measure_time(args) -> dict:
                        "tokens": first.tokens, "compile_s": first.compile_seconds}
         print(f"{method}: {statistics.median(tps):.1f} tok/s (runs {[round(t, 1) for t in tps]}),"
               f" tau {first.tau:.2f}", flush=True)
+        _release()
     return out
+
+
+def _release():
+    """Drop the compiled programs and models of the last method (the demo pair's float32
+    programs take GBs; a 2-core, 23 GB machine shared by many processes ran out)."""
+    import gc
+
+    import jax
+
+    from domino_jax.decode import speculative
+
+    speculative._COMPILED.clear()
+    jax.clear_caches()
+    gc.collect()
 
 
 def compare(files) -> int:

@@ -279,13 +279,13 @@ def _paths(tokens, parents, valid):
 
 def test_graft_branch_equals_reference():
     from domino_jax.decode.ngram import graft_branch
-    from domino_jax.decode.tree_frontier import frontier_ddtree
+    from domino_jax.decode.tree import build_ddtree
 
     rng = np.random.default_rng(4)
     budget, reserve, length, vocab = 12, 5, 4, 6
     graft = jax.jit(jax.vmap(lambda t, b, f: graft_branch(t, b, f, reserve)))
     logits = jnp.asarray(rng.normal(size=(16, 5, vocab)) * 2, jnp.float32)
-    trees = jax.vmap(lambda x: frontier_ddtree(x, budget))(logits)
+    trees = jax.vmap(lambda x: build_ddtree(x, budget))(logits)
     branches = rng.integers(0, vocab, (16, length))
     for i in range(0, 16, 2):          # half the branches start along an existing path
         top = [int(t) for t, p, v in zip(trees.tokens[i], trees.parents[i], trees.valid[i])
