@@ -257,7 +257,7 @@ def test_argument_errors():
         DominoOptions(head_topm=-1)
     with pytest.raises(ValueError, match="'dflash' has no option head_topm"):
         method_options("dflash", head_topm=2)
-    with pytest.raises(ValueError, match="'dflash' takes NoOptions, got DominoOptions"):
+    with pytest.raises(ValueError, match="'dflash' takes BlockOptions, got DominoOptions"):
         make_drafter(dflash_cfg, target, "dflash", DominoOptions(head_topm=2))
     drafter = make_drafter(dflash_cfg, target, "dflash")
     with pytest.raises(ValueError, match="takes no drafter"):

@@ -166,6 +166,8 @@ def _run(args) -> int:
         verify=args.verify, prefill=prefill)
     mesh = tensor_parallel_mesh(args.tensor_parallel, target_dir,   # before any weights
                                 draft_dir if uses_draft else None)
+    dtype = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}.get(
+        args.dtype, jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16)
     tokenizer = load_tokenizer(target_dir)            # before any weights: fail fast
     texts = list(args.prompt or [])
     if args.prompt_file:
@@ -175,8 +177,6 @@ def _run(args) -> int:
             texts += [line.strip() for line in f if line.strip()]
     texts = texts or [DEFAULT_PROMPT]
     prompts = [encode_prompt(tokenizer, t, args.chat) for t in texts]
-    dtype = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}.get(
-        args.dtype, jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16)
     with step("loading target", target_dir, *(["+ drafter", draft_dir] if uses_draft
                                                else [])):
         target, target_params, drafter, draft_params = load_pair(

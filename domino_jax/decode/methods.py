@@ -45,7 +45,7 @@ def method_options(method: str, options: Any = None, **values) -> Any:
     if options is not None:
         if values:
             raise ValueError("give the options either as a dataclass or as keywords, not both")
-        if not isinstance(options, cls):
+        if type(options) is not cls:       # a subclass would carry options the method ignores
             raise ValueError(f"method {method!r} takes {cls.__name__}, got "
                              f"{type(options).__name__}")
         return options
