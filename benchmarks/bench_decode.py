@@ -296,8 +296,8 @@ class Bench:
         for m in self.args.methods:                 # domino_poolM: the head with a top-M pool
             if m.startswith("domino_pool"):
                 self.dp[m] = self.dp["domino"]
-                self.drafters[m] = make_drafter(self.domino_cfg, self.target, "domino",
-                                                DominoOptions(int(m[len("domino_pool"):])))
+                pool = DominoOptions(head_topm=int(m[len("domino_pool"):]))
+                self.drafters[m] = make_drafter(self.domino_cfg, self.target, "domino", pool)
         t = self.tcfg
         embed = tree_bytes(self.tp["embed_tokens"])
         target_total = tree_bytes(self.tp)

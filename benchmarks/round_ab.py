@@ -47,6 +47,8 @@ def parse_args(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--out", default=None)
+    p.add_argument("--git-commit", default=None,
+                   help="recorded as the tree's commit (an archived tree has no .git)")
     return p.parse_args(argv)
 
 
@@ -240,14 +242,20 @@ def main(argv=None) -> int:
 
     import domino_jax
     results = measure_hlo(args) if args.mode == "hlo" else measure_time(args)
-    try:
-        commit = subprocess.run(["git", "-C", args.root, "rev-parse", "--short", "HEAD"],
-                                capture_output=True, text=True).stdout.strip() or None
-    except OSError:
-        commit = None
+    commit = args.git_commit
+    if commit is None:
+        try:
+            commit = subprocess.run(["git", "-C", args.root, "rev-parse", "--short", "HEAD"],
+                                    capture_output=True, text=True).stdout.strip() or None
+        except OSError:
+            commit = None
+    import importlib.metadata as metadata
+
+    versions = {name: metadata.version(name) for name in ("jax", "jaxlib", "flax")}
     report = {"mode": args.mode, "date": _dt.datetime.now().isoformat(timespec="seconds"),
               "root": os.path.abspath(args.root), "commit": commit,
               "library": os.path.dirname(domino_jax.__file__), "jax": jax.__version__,
+              "versions": versions, "load_average": os.getloadavg(),
               "device": jax.devices()[0].device_kind, "max_new_tokens": args.max_new_tokens,
               "reps": args.reps, "results": results}
     text = json.dumps(report, indent=1)
