@@ -23,7 +23,7 @@ def child() -> None:
 
     from decode_helpers import F32, _set, draft_config, tiny_draft
     from domino_jax.config import TargetConfig
-    from domino_jax.decode.drafters import ChainDrafter
+    from domino_jax.decode.methods import make_drafter
     from domino_jax.decode.speculative import DecodeConfig, generate
     from domino_jax.decode.tensor_parallel import (check_tensor_parallel, mesh_context,
                                                    shard_for_decode, tensor_mesh)
@@ -39,7 +39,7 @@ def child() -> None:
     dcfg = draft_config(vocab, block=4)
     dcfg = dataclasses.replace(dcfg, num_kv_heads=4)
     dparams = tiny_draft(dcfg, 1, head_scale=3.0)
-    drafter = ChainDrafter(dcfg, target, "domino")
+    drafter = make_drafter(dcfg, target, "domino")
     rng = np.random.default_rng(3)
     prompts = [rng.integers(0, vocab, n).tolist() for n in (5, 11, 3)]
 
