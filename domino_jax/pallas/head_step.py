@@ -360,7 +360,7 @@ def logits_argmax(products: jax.Array, w2: jax.Array, base: jax.Array, *, plan: 
         out_shape=out_shape,
         scratch_shapes=[pltpu.VMEM((batch, 128), jnp.float32),
                         pltpu.VMEM((batch, 128), jnp.int32)],
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",)),
+        compiler_params=pltpu.CompilerParams(),       # grid axes in order ("arbitrary")
         interpret=interpret, name="domino_head_logits_argmax")(*inputs)
     partials = Partials(outs[0][:, :, 0], outs[1][:, :, 0], 1)
     return partials, (outs[2] if write_logits else None)
@@ -387,37 +387,27 @@ def logits_argmax_reference(products: jax.Array, w2: jax.Array, base: jax.Array,
 
 # ---------------------------------------------------------------------------- kernel B
 
-def _state_step_triton(value_ref, index_ref, table_ref, state_ref, prod_ref, z_ref,
-                       proj_ref, token_ref, state_out, prod_out, *, plan: StepPlan,
-                       num_parts: int, part_rows: int, table_rows: int, row_stride: int,
-                       z_row: int):
-    """One block of ``block_n`` columns of ``state_proj``: refs ``value, index [P, R]``,
-    ``table`` flat ``[N * 3G]`` float32, ``state [R, G]``, ``products [R, 3G + E]``, ``z``
-    ``[K, R, 3G + E]``, ``state_proj [G, 3G + E]``; outputs ``token [R]`` int32, ``state
-    [R, G]``, ``products [R, 3G + E]``."""
-    from jax.experimental.pallas import triton as plgpu
-
-    rows, gru_dim, chunk = plan.rows, plan.gru_dim, plan.gru_chunk
-    block_n = plan.block_n
-    pid = pl.program_id(0)
-    part = lax.broadcasted_iota(jnp.int32, (part_rows, 1), 0)
-    held = part < num_parts
-    value = plgpu.load(value_ref, mask=held, other=-jnp.inf)                 # [P, R]
-    index = plgpu.load(index_ref, mask=held, other=BIG_INDEX)
-    best = jnp.max(value, axis=0, keepdims=True)
-    token = jnp.min(jnp.where(value == best, index, BIG_INDEX), axis=0)       # [R]
-    row = lax.broadcasted_iota(jnp.int32, (rows,), 0)
-    token = jnp.where(row < plan.batch, jnp.clip(token, 0, table_rows - 1), 0)
-    gate_row = token + jnp.minimum(row, plan.batch - 1) * row_stride
+def advance_triton(pid, gate_row, parent_row, table_ref, state_ref, prod_ref, z_ref,
+                   proj_ref, state_out, prod_out, *, plan: StepPlan, z_row: int):
+    """Kernel B's body after the choice (Triton; shared with the tree step): row ``r`` of the
+    new state is ``GRU(table[gate_row[r]], h[parent_row[r]], state[parent_row[r]])``, then
+    program ``pid`` writes its ``block_n`` columns of the new products (and program 0 the
+    new state). Refs: ``table`` flat ``[N * 3G]`` float32, ``state`` flat ``[R * G]``,
+    ``products`` flat ``[R * (3G + E)]``, ``z [K, 1 or R, 3G + E]``, ``state_proj [G, 3G +
+    E]``; ``gate_row, parent_row [R]`` int32 (valid rows)."""
+    rows, gru_dim, chunk, block_n = plan.rows, plan.gru_dim, plan.gru_chunk, plan.block_n
+    width = 3 * gru_dim + plan.emb_dim
     gate_at = (gate_row * (3 * gru_dim))[:, None]                            # [R, 1]
+    state_at = (parent_row * gru_dim)[:, None]
+    hidden_at = (parent_row * width)[:, None]
     cols = pl.multiple_of(pid * block_n, block_n)
 
     def body(c, acc):
         g0 = pl.multiple_of(c * chunk, chunk)
         lane = g0 + lax.broadcasted_iota(jnp.int32, (1, chunk), 1)
         gates = [table_ref[gate_at + k * gru_dim + lane] for k in range(3)]
-        hidden = [prod_ref[:, pl.ds(k * gru_dim + g0, chunk)] for k in range(3)]
-        state = state_ref[:, pl.ds(g0, chunk)]
+        hidden = [prod_ref[hidden_at + k * gru_dim + lane] for k in range(3)]
+        state = state_ref[state_at + lane]
         new = gru_from_gates(gates, hidden, state.astype(jnp.float32)).astype(state.dtype)
 
         @pl.when(pid == 0)
@@ -433,18 +423,42 @@ def _state_step_triton(value_ref, index_ref, table_ref, state_ref, prod_ref, z_r
     prod_out[:, pl.ds(cols, block_n)] = jnp.where(col >= 3 * gru_dim, jax.nn.silu(z + acc),
                                                   acc)
 
+
+def _state_step_triton(value_ref, index_ref, table_ref, state_ref, prod_ref, z_ref,
+                       proj_ref, token_ref, state_out, prod_out, *, plan: StepPlan,
+                       num_parts: int, part_rows: int, table_rows: int, row_stride: int,
+                       z_row: int):
+    """Finish the choice from ``value, index [P, R]``, then :func:`advance_triton` (rows keep
+    their own state); also writes ``token [R]`` int32."""
+    from jax.experimental.pallas import triton as plgpu
+
+    pid = pl.program_id(0)
+    part = lax.broadcasted_iota(jnp.int32, (part_rows, 1), 0)
+    held = part < num_parts
+    value = plgpu.load(value_ref, mask=held, other=-jnp.inf)                 # [P, R]
+    index = plgpu.load(index_ref, mask=held, other=BIG_INDEX)
+    best = jnp.max(value, axis=0, keepdims=True)
+    token = jnp.min(jnp.where(value == best, index, BIG_INDEX), axis=0)       # [R]
+    row = lax.broadcasted_iota(jnp.int32, (plan.rows,), 0)
+    token = jnp.where(row < plan.batch, jnp.clip(token, 0, table_rows - 1), 0)
+    gate_row = token + jnp.minimum(row, plan.batch - 1) * row_stride
+    advance_triton(pid, gate_row, row, table_ref, state_ref, prod_ref, z_ref, proj_ref,
+                   state_out, prod_out, plan=plan, z_row=z_row)
+
     @pl.when(pid == 0)
     def _write_token():
         token_ref[...] = token
 
 
-def _state_step_tpu(token_ref, table_hbm, state_ref, prod_ref, z_ref, proj_ref, state_out,
-                    prod_out, gates_ref, sem, *, plan: StepPlan, row_stride: int):
-    """Grid step ``j`` over ``state_proj`` column blocks (in order): ``token [B]`` in SMEM
-    (scalar prefetch), ``table [N, 3G]`` in HBM, blocks ``state [B, G]``, ``products [B, 3G
-    + E]``, ``z [B, bn]``, ``state_proj [G, bn]`` (the last block may overhang: its extra
-    lanes are never stored); outputs ``state [B, G]`` (made at ``j = 0``, then read back
-    from VMEM) and ``products [B, bn]``."""
+def _state_step_tpu(token_ref, parent_ref, table_hbm, state_ref, prod_ref, z_ref, proj_ref,
+                    state_out, prod_out, gates_ref, hidden_ref, sem, *, plan: StepPlan,
+                    row_stride: int, has_parents: bool):
+    """Grid step ``j`` over ``state_proj`` column blocks (in order): ``token, parent [B]`` in
+    SMEM (scalar prefetch), ``table [N, 3G]`` in HBM, blocks ``state [B, G]``, ``products
+    [B, 3G + E]``, ``z [1 or B, bn]``, ``state_proj [G, bn]`` (the last block may overhang:
+    its extra lanes are never stored); outputs ``state [B, G]`` (made at ``j = 0``, then
+    read back from VMEM) and ``products [B, bn]``; scratch: the gathered gates (and parent
+    rows)."""
     from jax.experimental.pallas import tpu as pltpu
 
     j = pl.program_id(0)
@@ -457,12 +471,18 @@ def _state_step_tpu(token_ref, table_hbm, state_ref, prod_ref, z_ref, proj_ref, 
             gates_ref.at[pl.ds(b, 1)], sem) for b in range(batch)]
         for copy in copies:
             copy.start()
+        if has_parents:                   # parent rows of the state and of h, by scalar index
+            for b in range(batch):
+                parent = parent_ref[b]
+                hidden_ref[pl.ds(b, 1), :] = prod_ref[pl.ds(parent, 1), :3 * gru_dim]
+                state_out[pl.ds(b, 1), :] = state_ref[pl.ds(parent, 1), :]
+            hidden, state = hidden_ref[...], state_out[...]
+        else:
+            hidden, state = prod_ref[:, :3 * gru_dim], state_ref[...]
         for copy in copies:
             copy.wait()
         gates = gates_ref[...]
-        hidden = prod_ref[:, :3 * gru_dim]
         split = lambda x: [x[:, k * gru_dim:(k + 1) * gru_dim] for k in range(3)]  # noqa: E731
-        state = state_ref[...]
         new = gru_from_gates(split(gates), split(hidden), state.astype(jnp.float32))
         state_out[...] = new.astype(state_out.dtype)
 
@@ -470,6 +490,42 @@ def _state_step_tpu(token_ref, table_hbm, state_ref, prod_ref, z_ref, proj_ref, 
     acc = _dot(new, proj_ref[...].astype(new.dtype))                         # [B, bn]
     col = j * plan.block_n + lax.broadcasted_iota(jnp.int32, acc.shape, 1)
     prod_out[...] = jnp.where(col >= 3 * gru_dim, jax.nn.silu(z_ref[...] + acc), acc)
+
+
+def advance_tpu(token: jax.Array, parent: jax.Array | None, table: jax.Array,
+                state: jax.Array, products: jax.Array, z: jax.Array, state_proj: jax.Array, *,
+                plan: StepPlan, row_stride: int, z_row: int, interpret):
+    """Kernel B on TPU for choices already made: ``token [B]`` (clipped to the table),
+    ``parent [B]`` (row ``b`` continues row ``parent[b]`` of ``state`` / ``products``;
+    ``None``: row ``b``). Returns ``(new state [B, G], new products [B, 3G + E])``."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    batch, gru_dim, block_n = plan.batch, plan.gru_dim, plan.block_n
+    width, z_rows = products.shape[1], z.shape[1]
+    has_parents = parent is not None
+    kernel = functools.partial(_state_step_tpu, plan=plan, row_stride=row_stride,
+                               has_parents=has_parents)
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=2, grid=(plan.num_col_blocks,),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY),
+                  pl.BlockSpec((batch, gru_dim), lambda j, t, p: (0, 0)),
+                  pl.BlockSpec((batch, width), lambda j, t, p: (0, 0)),
+                  pl.BlockSpec((None, z_rows, block_n), lambda j, t, p: (z_row, 0, j)),
+                  pl.BlockSpec((gru_dim, block_n), lambda j, t, p: (0, j))],
+        out_specs=[pl.BlockSpec((batch, gru_dim), lambda j, t, p: (0, 0)),
+                   pl.BlockSpec((batch, block_n), lambda j, t, p: (0, j))],
+        scratch_shapes=[pltpu.VMEM((batch, 3 * gru_dim), jnp.float32),
+                        pltpu.VMEM((batch, 3 * gru_dim) if has_parents else (8, 128),
+                                   jnp.float32),
+                        pltpu.SemaphoreType.DMA(())])
+    parent = jnp.arange(batch, dtype=jnp.int32) if parent is None else parent
+    return pl.pallas_call(
+        kernel, grid_spec=grid_spec,
+        out_shape=[jax.ShapeDtypeStruct(state.shape, state.dtype),
+                   jax.ShapeDtypeStruct(products.shape, jnp.float32)],
+        compiler_params=pltpu.CompilerParams(),       # grid axes in order ("arbitrary")
+        interpret=interpret, name="domino_head_state_step",
+    )(token.astype(jnp.int32), parent.astype(jnp.int32), table, state, products, z, state_proj)
 
 
 @functools.partial(jax.jit, static_argnames=("plan", "row_stride", "z_row", "interpret"))
@@ -484,11 +540,12 @@ def state_step(partials: Partials, table: jax.Array, state: jax.Array, products:
         (the head's ``gru_input_table``, ``N = V``), or ``[B * N, 3G]`` with ``row_stride =
         N`` (row ``b`` reads row ``b * N + index``: a candidate pool's gates).
       state: ``[R, G]`` GRU state (activation dtype); products: ``[R, 3G + E]`` float32
-        of that state. z: :func:`pad_z`'s ``[K, R, 3G + E]``; ``z_row``: the next position.
+        of that state. z: :func:`pad_z`'s ``[K, R, 3G + E]`` (or ``[K, 1, 3G + E]``, one
+        row for all); ``z_row``: the next position.
       state_proj: ``[G, 3G + E]`` = ``[W_hh | W1_s]``.
     Returns ``(index [B] int32, new state [R, G], new products [R, 3G + E])``.
     """
-    rows, width = plan.rows, products.shape[1]
+    rows = plan.rows
     table_rows = table.shape[0] if row_stride == 0 else row_stride
     if plan.variant == "triton":
         from jax.experimental.pallas import triton as plgpu
@@ -504,32 +561,35 @@ def state_step(partials: Partials, table: jax.Array, state: jax.Array, products:
                        jax.ShapeDtypeStruct(products.shape, jnp.float32)],
             compiler_params=plgpu.CompilerParams(num_warps=plan.num_warps, num_stages=2),
             interpret=interpret, name="domino_head_state_step",
-        )(partials.value, partials.index, table.reshape(-1), state, products, z, state_proj)
+        )(partials.value, partials.index, table.reshape(-1), state.reshape(-1),
+          products.reshape(-1), z, state_proj)
         return token[:plan.batch], new_state, new_products
-    from jax.experimental.pallas import tpu as pltpu
-
     token = jnp.clip(finish_choice(partials, plan.batch), 0, table_rows - 1)
-    kernel = functools.partial(_state_step_tpu, plan=plan, row_stride=row_stride)
-    batch, gru_dim, block_n = plan.batch, plan.gru_dim, plan.block_n
-    grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=1, grid=(plan.num_col_blocks,),
-        in_specs=[pl.BlockSpec(memory_space=pl.ANY),
-                  pl.BlockSpec((batch, gru_dim), lambda j, t: (0, 0)),
-                  pl.BlockSpec((batch, width), lambda j, t: (0, 0)),
-                  pl.BlockSpec((None, batch, block_n), lambda j, t: (z_row, 0, j)),
-                  pl.BlockSpec((gru_dim, block_n), lambda j, t: (0, j))],
-        out_specs=[pl.BlockSpec((batch, gru_dim), lambda j, t: (0, 0)),
-                   pl.BlockSpec((batch, block_n), lambda j, t: (0, j))],
-        scratch_shapes=[pltpu.VMEM((batch, 3 * gru_dim), jnp.float32),
-                        pltpu.SemaphoreType.DMA(())])
-    new_state, new_products = pl.pallas_call(
-        kernel, grid_spec=grid_spec,
-        out_shape=[jax.ShapeDtypeStruct(state.shape, state.dtype),
-                   jax.ShapeDtypeStruct(products.shape, jnp.float32)],
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",)),
-        interpret=interpret, name="domino_head_state_step",
-    )(token, table, state, products, z, state_proj)
+    new_state, new_products = advance_tpu(token, None, table, state, products, z, state_proj,
+                                          plan=plan, row_stride=row_stride, z_row=z_row,
+                                          interpret=interpret)
     return token, new_state, new_products
+
+
+def advance_reference(token: jax.Array, parent: jax.Array | None, table: jax.Array,
+                      state: jax.Array, products: jax.Array, z: jax.Array,
+                      state_proj: jax.Array, *, plan: StepPlan, row_stride: int = 0,
+                      z_row: int) -> tuple[jax.Array, jax.Array]:
+    """Kernel B after the choice, plain JAX: ``token [B]``, ``parent [B]`` (``None``: row
+    ``b``) -> ``(new state [R, G], new products [R, 3G + E])``."""
+    batch, rows, gru_dim = plan.batch, plan.rows, plan.gru_dim
+    pad = lambda x: jnp.pad(x, ((0, rows - batch), (0, 0)))                # noqa: E731
+    gates = pad(table[token + jnp.arange(batch) * row_stride])             # [R, 3G]
+    hidden, state_in = products[:, :3 * gru_dim], state
+    if parent is not None:
+        hidden, state_in = pad(hidden[parent]), pad(state[parent])
+    split = lambda x: [x[:, k * gru_dim:(k + 1) * gru_dim] for k in range(3)]  # noqa: E731
+    new = gru_from_gates(split(gates), split(hidden),
+                         state_in.astype(jnp.float32)).astype(state.dtype)
+    acc = _dot(new, state_proj.astype(new.dtype))                            # [R, 3G + E]
+    col = jnp.arange(acc.shape[1])[None]
+    new_products = jnp.where(col >= 3 * gru_dim, jax.nn.silu(z[z_row] + acc), acc)
+    return new, new_products
 
 
 def state_step_reference(partials: Partials, table: jax.Array, state: jax.Array,
@@ -537,15 +597,8 @@ def state_step_reference(partials: Partials, table: jax.Array, state: jax.Array,
                          plan: StepPlan, row_stride: int = 0,
                          z_row: int) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Kernel B in plain JAX (same contract as :func:`state_step`)."""
-    batch, rows, gru_dim = plan.batch, plan.rows, plan.gru_dim
     table_rows = table.shape[0] if row_stride == 0 else row_stride
-    token = jnp.clip(finish_choice(partials, batch), 0, table_rows - 1)
-    gate_rows = token + jnp.arange(batch) * row_stride
-    gates = jnp.pad(table[gate_rows], ((0, rows - batch), (0, 0)))           # [R, 3G]
-    split = lambda x: [x[:, k * gru_dim:(k + 1) * gru_dim] for k in range(3)]  # noqa: E731
-    new = gru_from_gates(split(gates), split(products[:, :3 * gru_dim]),
-                         state.astype(jnp.float32)).astype(state.dtype)
-    acc = _dot(new, state_proj.astype(new.dtype))                            # [R, 3G + E]
-    col = jnp.arange(acc.shape[1])[None]
-    new_products = jnp.where(col >= 3 * gru_dim, jax.nn.silu(z[z_row] + acc), acc)
+    token = jnp.clip(finish_choice(partials, plan.batch), 0, table_rows - 1)
+    new, new_products = advance_reference(token, None, table, state, products, z, state_proj,
+                                          plan=plan, row_stride=row_stride, z_row=z_row)
     return token, new, new_products
