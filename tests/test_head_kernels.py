@@ -73,6 +73,7 @@ def test_gumbel_draw_is_jax_random_categorical(variant):
     """``noise = gumbel(key)`` and ``temperature`` T: the kernel's choice is the token
     ``jax.random.categorical(key, logits / T)`` draws."""
     plan, x = _head_inputs(variant, seed=1)
+    plan = hs.plan_step(variant, B, V, E, G)      # one block wider than V: its overhang
     key, temperature = jax.random.PRNGKey(7), 0.6
     noise = jax.random.gumbel(key, (B, V), jnp.float32)
     parts, logits = hs.logits_argmax(x["products"], x["w2"], x["base"], plan=plan, step=1,

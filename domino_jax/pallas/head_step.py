@@ -285,8 +285,11 @@ def _logits_argmax_tpu(u_ref, w2_ref, base_ref, *refs, plan: StepPlan, act_dtype
     logits = jnp.where(col < plan.vocab, base_ref[...].astype(jnp.float32) + acc, -jnp.inf)
     if write_logits:
         logits_ref[...] = logits
-    noise = noise_ref[...] if has_noise else None
-    best, index = _block_best(_choice_key(logits, noise, temperature), col)   # [B, 1]
+    key = logits
+    if has_noise:                     # the overhang of the last block holds no noise either
+        key = jnp.where(col < plan.vocab, _choice_key(logits, noise_ref[...], temperature),
+                        -jnp.inf)
+    best, index = _block_best(key, col)                                       # [B, 1]
     better = best > best_ref[:, :1]                 # strict: an earlier block keeps a tie
     best_ref[...] = jnp.broadcast_to(jnp.where(better, best, best_ref[:, :1]), best_ref.shape)
     arg_ref[...] = jnp.broadcast_to(jnp.where(better, index, arg_ref[:, :1]), arg_ref.shape)
