@@ -215,3 +215,56 @@ def fused_rollout(kernels: HeadKernels, *, z_proj: jax.Array, base_logits: jax.A
             b_idx, slots, cand[:, prefix_len:]].set(jnp.stack(pooled, axis=1))
         logits = jnp.concatenate([logits, full], axis=1)
     return tokens, logits
+
+
+# ----------------------------------------------------------------------- DominoTree depth step
+
+def tree_unsupported(variant: str | None, budget: int, vocab: int, emb_dim: int, gru_dim: int,
+                     node_topk: int, topm: int, has_input_table: bool,
+                     marginal: bool) -> str | None:
+    """Why the depth-step kernel cannot build this tree (``None``: it can)."""
+    if marginal:
+        return "the marginal control has no GRU (nothing to fuse)"
+    if not has_input_table:
+        return ("the head has no [V, 3G] GRU input table (decode layout; "
+                "head_input_table=False / --no-head-input-table)")
+    return ts.tree_supported(variant or "triton", budget, vocab, emb_dim, gru_dim, node_topk,
+                             topm)
+
+
+class Lanes(NamedTuple):
+    """The frontier's lanes between depth steps: ``score [R]`` float32 (``-inf``: no node),
+    ``state [R, G]``, ``products [R, 3G + E]`` (``u`` made for the next depth)."""
+
+    score: jax.Array
+    state: jax.Array
+    products: jax.Array
+
+
+def root_lanes(plan: ts.TreePlan, root_state: jax.Array, state_proj: jax.Array,
+               z: jax.Array) -> Lanes:
+    """Depth-0 lanes: lane 0 holds the root (score 0), the others nothing."""
+    rows = plan.step.rows
+    state = jnp.broadcast_to(root_state, (rows,) + root_state.shape)
+    score = jnp.full((rows,), -jnp.inf, jnp.float32).at[0].set(0.0)
+    return Lanes(score, state, lane_products(state, state_proj, z, 0, plan.step.gru_dim))
+
+
+def fused_depth_step(kernels: HeadKernels, plan: ts.TreePlan, inputs: ts.DepthInputs,
+                     table: jax.Array, state_proj: jax.Array, prefix_len: int):
+    """The frontier's depth step through :func:`~domino_jax.pallas.tree_step.tree_step`:
+    ``step(lanes, d, advance) -> (best [W], token [W], lane [W], next lanes | None)``."""
+    run = ts.tree_step_reference if kernels.twin else ts.tree_step
+    extra = {} if kernels.twin else {"interpret": kernels.interpret}
+    rows = plan.step.rows
+
+    def step(lanes: Lanes, d: int, advance: bool):
+        best, token, lane, state, products = run(
+            lanes.score, lanes.state, lanes.products, inputs, table, state_proj, plan=plan,
+            depth=d, from_base=d < prefix_len, advance=advance, **extra)
+        if not advance:
+            return best, token, lane, None
+        score = jnp.pad(best, (0, rows - plan.width), constant_values=-jnp.inf)
+        return best, token, lane, Lanes(score, state, products)
+
+    return step
