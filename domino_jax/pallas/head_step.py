@@ -398,19 +398,23 @@ def advance_triton(pid, gate_row, parent_row, table_ref, state_ref, prod_ref, z_
     new state). Refs: ``table`` flat ``[N * 3G]`` float32, ``state`` flat ``[R * G]``,
     ``products`` flat ``[R * (3G + E)]``, ``z [K, 1 or R, 3G + E]``, ``state_proj [G, 3G +
     E]``; ``gate_row, parent_row [R]`` int32 (valid rows)."""
+    from jax.experimental.pallas import triton as plgpu
+
     rows, gru_dim, chunk, block_n = plan.rows, plan.gru_dim, plan.gru_chunk, plan.block_n
     width = 3 * gru_dim + plan.emb_dim
+    live = (lax.broadcasted_iota(jnp.int32, (rows, 1), 0) < plan.batch)     # pad rows: 0
     gate_at = (gate_row * (3 * gru_dim))[:, None]                            # [R, 1]
     state_at = (parent_row * gru_dim)[:, None]
     hidden_at = (parent_row * width)[:, None]
     cols = pl.multiple_of(pid * block_n, block_n)
+    load = lambda ref, at: plgpu.load(ref.at[at], mask=live, other=0)       # noqa: E731
 
     def body(c, acc):
         g0 = pl.multiple_of(c * chunk, chunk)
         lane = g0 + lax.broadcasted_iota(jnp.int32, (1, chunk), 1)
-        gates = [table_ref[gate_at + k * gru_dim + lane] for k in range(3)]
-        hidden = [prod_ref[hidden_at + k * gru_dim + lane] for k in range(3)]
-        state = state_ref[state_at + lane]
+        gates = [load(table_ref, gate_at + k * gru_dim + lane) for k in range(3)]
+        hidden = [load(prod_ref, hidden_at + k * gru_dim + lane) for k in range(3)]
+        state = load(state_ref, state_at + lane)
         new = gru_from_gates(gates, hidden, state.astype(jnp.float32)).astype(state.dtype)
 
         @pl.when(pid == 0)
