@@ -120,7 +120,7 @@ def lane_products(state: jax.Array, state_proj: jax.Array, z: jax.Array, row: in
                   gru_dim: int) -> jax.Array:
     """The carried products ``[R, 3G + E]`` of ``state [R, G]`` (``h``, then ``u`` with
     ``z[row]``), in XLA: the loop's first step, which no kernel made."""
-    acc = hs._dot(state, state_proj.astype(state.dtype))
+    acc = hs.dot(state, state_proj.astype(state.dtype))
     col = jnp.arange(acc.shape[1])[None]
     return jnp.where(col >= 3 * gru_dim, jax.nn.silu(z[row] + acc), acc)
 

@@ -38,7 +38,8 @@ maximum, i.e. ``jnp.argmax``'s first-index rule. ``key = logits`` for argmax; wi
 noise``, which is exactly how ``jax.random.categorical(key, logits / T)`` draws.
 
 Numerics: the ``W2`` and state products take the activation dtype with float32
-accumulation (float32 operands at full precision, no TF32), gates and logits float32, the
+accumulation (float32 operands at XLA's precision, :func:`matmul_precision`), gates and
+logits float32, the
 new state rounded to the activation dtype: the rounding points of ``rollout``. Differences
 from it are float32 summation order only (accumulation over ``E`` / ``G`` in chunks).
 
@@ -174,10 +175,21 @@ def pad_z(z_proj: jax.Array, gru_dim: int, rows: int) -> jax.Array:
     return jnp.swapaxes(z, 0, 1)
 
 
-def _dot(a, b):
-    """``a [m, k] @ b [k, n]`` -> float32; float32 operands at full precision."""
-    precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
-    return lax.dot_general(a, b, (((1,), (0,)), ((), ())), precision=precision,
+def matmul_precision():
+    """The precision of float32 products: the one XLA's products take
+    (``jax_default_matmul_precision``; unset = the backend's default, TF32 on a GPU), so a
+    kernel rounds like the XLA path it replaces."""
+    name = str(jax.config.jax_default_matmul_precision or "default").lower()
+    if name in ("highest", "float32"):
+        return lax.Precision.HIGHEST
+    return lax.Precision.HIGH if name in ("high", "tensorfloat32") else None
+
+
+def dot(a, b, contract_b: int = 0):
+    """``a [m, k] @ b`` (``b [k, n]``, or ``[n, k]`` with ``contract_b = 1``) -> float32
+    (:func:`matmul_precision` for float32 operands)."""
+    precision = matmul_precision() if a.dtype == jnp.float32 else None
+    return lax.dot_general(a, b, (((1,), (contract_b,)), ((), ())), precision=precision,
                            preferred_element_type=jnp.float32)
 
 
@@ -242,7 +254,7 @@ def _logits_argmax_triton(u_ref, w2_ref, base_ref, *refs, plan: StepPlan, step: 
         e = pl.ds(pl.multiple_of(c * chunk, chunk), chunk)
         u = u_ref[:, pl.ds(u0 + c * chunk, chunk)].astype(act_dtype)       # [R, ec]
         w = plgpu.load(w2_ref.at[e, pl.ds(j * block_v, block_v)], mask=in_vocab, other=0)
-        return acc + _dot(u, w.astype(act_dtype))
+        return acc + dot(u, w.astype(act_dtype))
 
     acc = lax.fori_loop(0, plan.emb_dim // chunk, body,
                         jnp.zeros((rows, block_v), jnp.float32))
@@ -280,7 +292,7 @@ def _logits_argmax_tpu(u_ref, w2_ref, base_ref, *refs, plan: StepPlan, act_dtype
         arg_ref[...] = jnp.zeros(arg_ref.shape, jnp.int32)
 
     u = u_ref[:, 3 * plan.gru_dim:].astype(act_dtype)
-    acc = _dot(u, w2_ref[...].astype(act_dtype))                            # [B, bv]
+    acc = dot(u, w2_ref[...].astype(act_dtype))                            # [B, bv]
     col = j * block_v + lax.broadcasted_iota(jnp.int32, (batch, block_v), 1)
     logits = jnp.where(col < plan.vocab, base_ref[...].astype(jnp.float32) + acc, -jnp.inf)
     if write_logits:
@@ -376,7 +388,7 @@ def logits_argmax_reference(products: jax.Array, w2: jax.Array, base: jax.Array,
     """Kernel A in plain JAX: the same blocks of ``block_v`` columns and partials."""
     batch, _, vocab = base.shape
     u = products[:batch, 3 * plan.gru_dim:].astype(act_dtype)
-    logits = base[:, step].astype(jnp.float32) + _dot(u, w2.astype(act_dtype))   # [B, V]
+    logits = base[:, step].astype(jnp.float32) + dot(u, w2.astype(act_dtype))   # [B, V]
     key = _choice_key(logits, noise, temperature)
     pad = plan.num_blocks * plan.block_v - vocab
     key = jnp.pad(key, ((0, plan.rows - batch), (0, pad)), constant_values=-jnp.inf)
@@ -422,7 +434,7 @@ def advance_triton(pid, gate_row, parent_row, table_ref, state_ref, prod_ref, z_
             state_out[:, pl.ds(g0, chunk)] = new
 
         w = proj_ref[pl.ds(g0, chunk), pl.ds(cols, block_n)]
-        return acc + _dot(new, w.astype(new.dtype))
+        return acc + dot(new, w.astype(new.dtype))
 
     acc = lax.fori_loop(0, gru_dim // chunk, body, jnp.zeros((rows, block_n), jnp.float32))
     col = cols + lax.broadcasted_iota(jnp.int32, (1, block_n), 1)
@@ -494,7 +506,7 @@ def _state_step_tpu(token_ref, parent_ref, table_hbm, state_ref, prod_ref, z_ref
         state_out[...] = new.astype(state_out.dtype)
 
     new = state_out[...]
-    acc = _dot(new, proj_ref[...].astype(new.dtype))                         # [B, bn]
+    acc = dot(new, proj_ref[...].astype(new.dtype))                         # [B, bn]
     col = j * plan.block_n + lax.broadcasted_iota(jnp.int32, acc.shape, 1)
     prod_out[...] = jnp.where(col >= 3 * gru_dim, jax.nn.silu(z_ref[...] + acc), acc)
 
@@ -593,7 +605,7 @@ def advance_reference(token: jax.Array, parent: jax.Array | None, table: jax.Arr
     split = lambda x: [x[:, k * gru_dim:(k + 1) * gru_dim] for k in range(3)]  # noqa: E731
     new = gru_from_gates(split(gates), split(hidden),
                          state_in.astype(jnp.float32)).astype(state.dtype)
-    acc = _dot(new, state_proj.astype(new.dtype))                            # [R, 3G + E]
+    acc = dot(new, state_proj.astype(new.dtype))                            # [R, 3G + E]
     col = jnp.arange(acc.shape[1])[None]
     new_products = jnp.where(col >= 3 * gru_dim, jax.nn.silu(z[z_row] + acc), acc)
     return new, new_products

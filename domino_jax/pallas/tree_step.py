@@ -23,9 +23,9 @@ and parents as scalars, i.e. scalar-prefetch operands of a second call).
 Selection is :func:`select_children` (plain ``jnp`` on loaded values, traced inside both
 kernels and in the plain-JAX twin :func:`tree_step_reference`), written with Triton's
 constraints: power-of-two shapes (``M``, ``node_topk`` and the lanes padded), unrolled
-max/min reductions instead of sorts, no dynamic indexing of values. The scores use float32
-operands at full precision (``decode/tree.py``'s ``dominotree_scorer`` takes the default
-precision).
+max/min reductions instead of sorts, no dynamic indexing of values. The float32 scores take
+XLA's matmul precision (:func:`~domino_jax.pallas.head_step.matmul_precision`), as the XLA
+scorer does.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from jax.experimental import pallas as pl
 
 from domino_jax.pallas.head_step import (BIG_INDEX, StepPlan, _pow2_at_least,
                                          advance_reference, advance_tpu, advance_triton,
-                                         plan_step, supported)
+                                         dot, plan_step, supported)
 
 
 class TreePlan(NamedTuple):
@@ -117,9 +117,7 @@ def select_children(u, lane_score, cand, cand_logits, cand_w2, base_tok, base_lp
         top_lp = jnp.broadcast_to(base_lp, (rows, n_pad))
         top_tok = jnp.broadcast_to(base_tok, (rows, n_pad))
     else:
-        scores = cand_logits + lax.dot_general(
-            u, cand_w2, (((1,), (1,)), ((), ())), precision=lax.Precision.HIGHEST,
-            preferred_element_type=jnp.float32)                              # [R, Mp]
+        scores = cand_logits + dot(u, cand_w2, contract_b=1)                  # [R, Mp]
         shifted = scores - jnp.max(scores, axis=1, keepdims=True)
         log_probs = shifted - jnp.log(jnp.sum(jnp.exp(shifted), axis=1, keepdims=True))
         mcol = lax.broadcasted_iota(jnp.int32, log_probs.shape, 1)
