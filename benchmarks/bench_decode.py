@@ -47,7 +47,8 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from child_process import run_streaming  # noqa: E402
-from domino_jax.pallas import ATTENTION_IMPLEMENTATIONS  # noqa: E402 (imports no jax)
+from domino_jax.pallas import (ATTENTION_IMPLEMENTATIONS,  # noqa: E402 (imports no jax)
+                               HEAD_IMPLEMENTATIONS)
 
 T_START = time.perf_counter()
 TAUS = (4, 6, 8)
@@ -85,7 +86,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="hard limit for the HF child process")
     p.add_argument("--methods", default="ar,domino,domino_pool64,dflash",
                    help="ar, dflash, domino (full-vocab head, the reference), domino_poolM "
-                        "(head with a top-M candidate pool, --head-topm M)")
+                        "(head with a top-M candidate pool, --head-topm M); a Domino method "
+                        "with '@IMPL' runs the head's steps through --head-kernels IMPL "
+                        "(pallas.head_kernels: pallas, reference, pallas_interpret, xla), "
+                        "e.g. 'ar,domino,domino@pallas' A/Bs the fused kernels against XLA in "
+                        "one process")
     p.add_argument("--layout", choices=("fused", "unfused"), default="fused",
                    help="parameter layout of target and drafter: fused q/k/v and gate/up (the "
                         "decode default, models/fused_layout.py) or the checkpoint's")
@@ -113,8 +118,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.forced_taus = [int(x) for x in str(args.forced_taus).split(",") if x.strip()]
     args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in args.methods:
-        if m not in ("ar", "dflash", "domino") and not re.fullmatch(r"domino_pool[1-9]\d*", m):
-            p.error(f"unknown method {m!r} in --methods (ar, dflash, domino, domino_poolM)")
+        if m not in ("ar", "dflash") and not re.fullmatch(
+                r"domino(_pool[1-9]\d*)?(@(" + "|".join(HEAD_IMPLEMENTATIONS) + "))?", m):
+            p.error(f"unknown method {m!r} in --methods (ar, dflash, domino, domino_poolM, "
+                    f"either Domino one with @IMPL, IMPL in {HEAD_IMPLEMENTATIONS})")
     return args
 
 
@@ -293,11 +300,14 @@ class Bench:
                    "dflash": {"backbone": backbone}}
         self.drafters = {"domino": make_drafter(self.domino_cfg, self.target, "domino"),
                          "dflash": make_drafter(self.dflash_cfg, self.target, "dflash")}
-        for m in self.args.methods:                 # domino_poolM: the head with a top-M pool
-            if m.startswith("domino_pool"):
+        for m in self.args.methods:    # domino_poolM: a top-M pool; @IMPL: --head-kernels IMPL
+            if m.startswith("domino") and m != "domino":
+                name, _, impl = m.partition("@")
+                topm = int(name[len("domino_pool"):]) if name != "domino" else 0
                 self.dp[m] = self.dp["domino"]
-                pool = DominoOptions(head_topm=int(m[len("domino_pool"):]))
-                self.drafters[m] = make_drafter(self.domino_cfg, self.target, "domino", pool)
+                self.drafters[m] = make_drafter(self.domino_cfg, self.target, "domino",
+                                                DominoOptions(head_topm=topm,
+                                                              head_kernels=impl or "auto"))
         t = self.tcfg
         embed = tree_bytes(self.tp["embed_tokens"])
         target_total = tree_bytes(self.tp)
@@ -492,7 +502,14 @@ class Bench:
             out["head"] = dict(time_calls(lambda: hd(dp, tp, hidden, base, root, key), reps),
                                compile_s=cs)
             drafts = hd(dp, tp, hidden, base, root, key)
-            if dp["head"] is not self.plain_head:      # A/B: the head in its checkpoint layout
+            if drafter.options.head_kernels not in ("auto", "xla"):   # kernels: vs XLA's drafts
+                xla = self.drafters["domino"] if not drafter.options.head_topm else \
+                    make_drafter(self.domino_cfg, self.target, "domino",
+                                 DominoOptions(head_topm=drafter.options.head_topm))
+                xla_drafts = jax.jit(lambda *a: xla.rollout(*a, config)[0])(
+                    tp, dp, hidden, base, root, key)
+                out["head"]["same_drafts_as_xla"] = float(jnp.mean(xla_drafts == drafts))
+            elif dp["head"] is not self.plain_head:    # A/B: the head in its checkpoint layout
                 plain = dict(dp, head=self.plain_head)
                 hp, cs = compile_timed(jax.jit(head_fn), plain, tp, hidden, base, root, key)
                 out["head_plain_layout"] = dict(

@@ -8,8 +8,12 @@ DominoTree with the head in its decode layout (``DecodeHead`` with the GRU input
 16, also timed the heap builders now kept in tests/heap_tree_builders.py as the reference.)
 Each build is one jitted call; warm-up first, then the median of ``--reps`` calls with
 ``block_until_ready``. Target: <= 0.5 ms per round at budget 16 (benchmarks/README.md).
+``--head-kernels xla,pallas`` also times DominoTree (decode head) with its depth steps through
+the fused Pallas kernel (``domino_jax/pallas/tree_step.py``) in the same process, and checks
+that it builds the XLA path's tree.
 
-    python benchmarks/bench_tree_build.py [--budgets 8,16,32,64] [--tiny] [--out DIR]
+    python benchmarks/bench_tree_build.py [--budgets 8,16,32,64] [--head-kernels xla,pallas]
+                                          [--tiny] [--out DIR]
 """
 
 from __future__ import annotations
@@ -31,6 +35,11 @@ def main() -> None:
     p.add_argument("--budgets", default="8,16,32,64")
     p.add_argument("--reps", type=int, default=50)
     p.add_argument("--tiny", action="store_true", help="small shapes (CPU smoke test)")
+    p.add_argument("--head-kernels", default="xla",
+                   help="comma list of DominoTree depth-step implementations to time with "
+                        "the decode head (pallas.head_kernels: xla, pallas, reference, "
+                        "pallas_interpret); the first is the baseline the trees are "
+                        "compared with")
     p.add_argument("--git-commit", default="unknown")
     p.add_argument("--out", default=os.environ.get("OUT") or os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "results"))
@@ -44,6 +53,7 @@ def main() -> None:
     from domino_jax.config import QWEN3_8B_DOMINO_DRAFT
     from domino_jax.decode import tree as tree_lib
     from domino_jax.models.domino_head import decode_head, init_head_params, root_gru_state
+    from domino_jax.pallas import HEAD_IMPLEMENTATIONS, head_kernels
 
     cfg = QWEN3_8B_DOMINO_DRAFT
     if args.tiny:
@@ -69,14 +79,35 @@ def main() -> None:
             times.append((time.perf_counter() - t0) * 1e3)
         return statistics.median(times)
 
+    impls = [x.strip() for x in args.head_kernels.split(",") if x.strip()]
+    bad = sorted(set(impls) - set(HEAD_IMPLEMENTATIONS))
+    if bad:
+        p.error(f"unknown --head-kernels {bad}; choose from {HEAD_IMPLEMENTATIONS}")
     rows = []
     for budget in [int(b) for b in args.budgets.split(",")]:
         row = dict(budget=budget)
-        domino = jax.jit(lambda hp, hd, b, s, e, n=budget: tree_lib.build_dominotree(
-            hp, cfg, hd, b, s, e, n, node_topk=8, topm=64))
+
+        def domino_fn(impl, n=budget):
+            kernels = head_kernels.tree_kernels(impl, head_for_decode, n, v, 8, 64)
+            return jax.jit(lambda hp, hd, b, s, e: tree_lib.build_dominotree(
+                hp, cfg, hd, b, s, e, n, node_topk=8, topm=64, kernels=kernels))
+
+        domino = domino_fn("xla")
         ddtree = jax.jit(lambda b, n=budget: tree_lib.build_ddtree(b, n))
-        row["dominotree_decode_head_ms"] = timed(domino, head_for_decode, hidden, base,
-                                                 root_state, embed)
+        trees = {}
+        for impl in impls:                # the decode head, XLA and kernel depth steps
+            fn = domino_fn(impl)
+            key = "dominotree_decode_head_ms" if impl == "xla" else \
+                f"dominotree_decode_head_{impl}_ms"
+            row[key] = timed(fn, head_for_decode, hidden, base, root_state, embed)
+            trees[impl] = fn(head_for_decode, hidden, base, root_state, embed)
+            if impl != impls[0]:          # the same tree as the baseline's (bf16: near-ties)
+                same = trees[impl].tokens == trees[impls[0]].tokens
+                row[f"same_tree_{impl}"] = bool(jnp.all(same & (
+                    trees[impl].parents == trees[impls[0]].parents)))
+        if "xla" not in impls:
+            row["dominotree_decode_head_ms"] = timed(domino, head_for_decode, hidden, base,
+                                                     root_state, embed)
         row["dominotree_plain_head_ms"] = timed(domino, head, hidden, base, root_state, embed)
         row["ddtree_ms"] = timed(ddtree, base[1:].astype(jnp.float32))
         rows.append(row)
@@ -97,17 +128,25 @@ def main() -> None:
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M%S")
     meta = dict(date=stamp, commit=args.git_commit, device=str(jax.devices()[0].device_kind),
                 jax=jax.__version__, dtype=str(jnp.dtype(dtype)), K=k, H=h, V=v,
-                G=cfg.gru_hidden_dim, E=cfg.emb_dim, node_topk=8, topm=64, tiny=args.tiny)
+                G=cfg.gru_hidden_dim, E=cfg.emb_dim, node_topk=8, topm=64, tiny=args.tiny,
+                head_kernels=impls)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"tree_build_{stamp}.json"), "w") as f:
         json.dump(dict(meta=meta, rows=rows, topk=topk_rows), f, indent=2)
+    kernel_impls = [i for i in impls if i != "xla"]
     lines = [f"# Tree build per round ({meta['device']}, {meta['dtype']}, commit "
              f"{args.git_commit}; K={k}, V={v}, H={h}, G={meta['G']}, E={meta['E']}, "
              "node_topk 8, topm 64)", "",
-             "| budget | DominoTree ms (decode head) | DominoTree ms (plain head) | DDTree ms |",
-             "|---|---|---|---|"]
+             "| budget | DominoTree ms (decode head) | "
+             + "".join(f"DominoTree ms (decode head, {i} depth steps; same tree) | "
+                       for i in kernel_impls)
+             + "DominoTree ms (plain head) | DDTree ms |",
+             "|---|---|" + "---|" * len(kernel_impls) + "---|---|"]
     lines += [f"| {r['budget']} | {r['dominotree_decode_head_ms']:.3f} | "
-              f"{r['dominotree_plain_head_ms']:.3f} | {r['ddtree_ms']:.3f} |" for r in rows]
+              + "".join(f"{r[f'dominotree_decode_head_{i}_ms']:.3f} "
+                        f"({'yes' if r.get(f'same_tree_{i}', True) else 'NO'}) | "
+                        for i in kernel_impls)
+              + f"{r['dominotree_plain_head_ms']:.3f} | {r['ddtree_ms']:.3f} |" for r in rows]
     lines += ["", f"Vocabulary-wide top-k over [{k}, {v}] float32 (every build's setup):", "",
               "| k | lax.top_k ms | two-stage ms |", "|---|---|---|"]
     lines += [f"| {r['k']} | {r['lax_top_k_ms']:.3f} | "

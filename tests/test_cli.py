@@ -97,3 +97,25 @@ def test_tensor_parallel_beyond_the_devices(capsys):
     n = jax.device_count() + 1
     assert main(["--target", target, "--tensor-parallel", str(n)]) == 2
     assert f"--tensor-parallel {n} exceeds the {n - 1} available" in capsys.readouterr().err
+
+
+def test_head_kernels_flag(monkeypatch, capsys, stand_in_tokenizer):
+    """``--head-kernels`` reaches the method's options (default ``auto``); a method without
+    the head refuses it; on the CPU ``pallas`` fails before any weights are read."""
+    seen = _spy_load_pair(monkeypatch, "options")
+    target = os.path.join(FIX, "domino_shift", "target")
+    draft = os.path.join(FIX, "domino_shift", "draft")
+    pair = ["--target", target, "--draft", draft]
+    for method, extra, expected in (("domino", [], "auto"),
+                                    ("dominotree", ["--head-kernels", "reference"], "reference")):
+        assert main(pair + ["--method", method] + extra) == 2
+        assert seen[-1].head_kernels == expected
+    assert main(pair + ["--method", "dflash", "--head-kernels", "pallas"]) == 2
+    assert "--head-kernels is not an option of --method dflash" in capsys.readouterr().err
+    monkeypatch.undo()
+    import domino_jax.decode.loading as loading
+
+    monkeypatch.setattr(loading, "load_tokenizer", lambda folder: _Tokenizer())
+    monkeypatch.setattr(loading, "load_target", lambda *a, **k: pytest.fail("weights read"))
+    assert main(pair + ["--method", "domino", "--head-kernels", "pallas"]) == 2
+    assert "need a CUDA GPU (Triton) or a TPU" in capsys.readouterr().err

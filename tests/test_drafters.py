@@ -39,7 +39,7 @@ RTOL = 1e-5
 
 
 def head_layouts(head, embed_table):
-    """The head's plain params and both decode layouts (``[W1_s | W_hh]`` with and without
+    """The head's plain params and both decode layouts (``[W_hh | W1_s]`` with and without
     the GRU input table): every rollout check runs on all three."""
     head = domino_head.plain_params(head)
     return [head, domino_head.decode_head(head, embed_table),

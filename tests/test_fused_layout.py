@@ -96,7 +96,7 @@ def test_unfused_config_rejects_fused_params():
 
 
 def test_decode_head_layout_and_errors():
-    """``state_proj`` is ``[W1_s | W_hh]``; the table is ``embed @ W_ih`` in float32; the
+    """``state_proj`` is ``[W_hh | W1_s]``; the table is ``embed @ W_ih`` in float32; the
     plain parameters are kept as they are; a second conversion and a misshaped embedding
     table are refused."""
     _, _, dcfg, dparams, _ = fixture_models("domino_shift")
@@ -108,7 +108,7 @@ def test_decode_head_layout_and_errors():
     w1 = np.asarray(head["embed_proj_0"]["kernel"])
     np.testing.assert_array_equal(
         np.asarray(out.state_proj),
-        np.concatenate([w1[-g:], np.asarray(head["prefix_gru"]["weight_hh"])], axis=1))
+        np.concatenate([np.asarray(head["prefix_gru"]["weight_hh"]), w1[-g:]], axis=1))
     table = np.asarray(out.input_table)
     assert table.dtype == np.float32 and table.shape == (dcfg.vocab_size, 3 * g)
     expected = embed.astype(np.float64) @ np.asarray(head["prefix_gru"]["weight_ih"], np.float64)

@@ -22,6 +22,7 @@ from jax.experimental.pallas import tpu as pltpu
 from domino_jax.kv_cache import key_visibility
 from domino_jax.models.domino_head import gru_update
 from domino_jax.models.layers import attend_reference
+from domino_jax.pallas import head_kernels as hk
 from domino_jax.pallas import head_step as hs
 from domino_jax.pallas import tree_step as ts
 from domino_jax.pallas.cache_attention_tpu import cache_attention_tpu
@@ -191,9 +192,12 @@ def test_tree_step_under_vmap_equals_per_tree():
     trees = [_tree_inputs("triton", seed=s) for s in (5, 6)]
     plan = trees[0][0]
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[t[2] for t in trees])
-    fn = lambda x: ts.tree_step(x["lane_score"], x["state"], x["products"], x["inputs"],  # noqa: E731
-                                x["table"], x["state_proj"], plan=plan, depth=2,
-                                from_base=False, interpret=True)
+
+    def fn(x):
+        return ts.tree_step(x["lane_score"], x["state"], x["products"], x["inputs"],
+                            x["table"], x["state_proj"], plan=plan, depth=2, from_base=False,
+                            interpret=True)
+
     batched = jax.vmap(fn)(stacked)
     for row, (_, _, x) in enumerate(trees):
         for a, b in zip(batched, fn(x)):
@@ -219,3 +223,125 @@ def test_tpu_cache_attention_matches_reference(shape):
     out = cache_attention_tpu(q, keys, values, visible, layer=1, block_k=128,
                               interpret=INTERPRET["mosaic_tpu"])
     np.testing.assert_allclose(out, ref, rtol=RTOL, atol=RTOL)
+
+
+# ---------------------------------------------------------------- through the head and tree
+
+def _small_head(seed=0):
+    """A random Domino head (E 32, G 128: the TPU variant's lane tiles) in its decode layout,
+    with draft inputs for a batch of 2 rows and K = 5 positions over V = 300."""
+    from domino_jax.config import DraftConfig
+    from domino_jax.models import domino_head as dh
+
+    cfg = DraftConfig(vocab_size=V, hidden_size=48, num_layers=1, num_heads=2, num_kv_heads=1,
+                      head_dim=16, intermediate_size=64, block_size=5, num_target_layers=2,
+                      mask_token_id=V - 1, target_layer_ids=(0,), projector_type="domino",
+                      pure_draft_prefix_len=1, shift_label=True, emb_dim=E, gru_hidden_dim=G)
+    rng = np.random.default_rng(seed)
+    embed = _normal(rng, V, 48, scale=0.5)
+    head = dh.decode_head(dh.init_head_params(cfg, jax.random.PRNGKey(seed), jnp.float32),
+                          embed)
+    return cfg, head, embed, dict(hidden=_normal(rng, B, 5, 48),
+                                  base=_normal(rng, B, 5, V, scale=2.0),
+                                  root_embed=embed[jnp.asarray([3, 7])])
+
+
+KERNEL_PATHS = {"twin": hk.HeadKernels("triton", twin=True),
+                "triton": hk.HeadKernels("triton", interpret=True),
+                "mosaic_tpu": hk.HeadKernels("mosaic_tpu", interpret=INTERPRET["mosaic_tpu"])}
+
+
+@pytest.mark.parametrize("path,temperature,topm", [
+    ("twin", None, 0), ("twin", 0.8, 0), ("twin", 0.8, 7), ("triton", None, 0),
+    ("triton", None, 7), ("mosaic_tpu", None, 0), ("mosaic_tpu", 0.8, 0)])
+def test_fused_rollout_equals_rollout(path, temperature, topm):
+    """The rollout through the step kernels (or their twins) drafts what
+    ``domino_head.rollout`` drafts (argmax, Gumbel-max draws, the candidate pool) from the
+    same logits."""
+    from domino_jax.models import domino_head as dh
+
+    cfg, head, embed, x = _small_head()
+    key = jax.random.PRNGKey(5)
+
+    def choose(logits, k):
+        if temperature is None:
+            return jnp.argmax(logits, -1).astype(jnp.int32)
+        return jax.random.categorical(k, logits / temperature, axis=-1).astype(jnp.int32)
+
+    tokens, logits = dh.rollout(head, cfg, x["hidden"], x["base"], x["root_embed"], embed,
+                                choose, key, candidate_topm=topm)
+    ours, our_logits = hk.fused_rollout(head, cfg, x["hidden"], x["base"], x["root_embed"],
+                                        KERNEL_PATHS[path], temperature, key,
+                                        candidate_topm=topm)
+    np.testing.assert_array_equal(ours, tokens)
+    finite = jnp.isfinite(logits)
+    np.testing.assert_array_equal(jnp.isfinite(our_logits), finite)
+    np.testing.assert_allclose(jnp.where(finite, our_logits, 0), jnp.where(finite, logits, 0),
+                               rtol=RTOL, atol=RTOL)
+
+
+@pytest.mark.parametrize("path", ["twin", "triton", "mosaic_tpu"])
+def test_dominotree_through_the_kernel_equals_plain(path):
+    """``build_dominotree`` with every depth step through the fused kernel gives the tree of
+    the plain-JAX builder (tokens, depths, parents, validity exact; scores to 1e-5)."""
+    from domino_jax.decode import tree as tree_lib
+    from domino_jax.models import domino_head as dh
+
+    cfg, head, embed, x = _small_head(seed=1)
+    root_state = dh.root_gru_state(head, x["root_embed"][0])
+    args = (head, cfg, x["hidden"][0], x["base"][0], root_state, embed, 6)
+    plain = tree_lib.build_dominotree(*args, node_topk=3, topm=10)
+    fused = tree_lib.build_dominotree(*args, node_topk=3, topm=10, kernels=KERNEL_PATHS[path])
+    for name in ("tokens", "depths", "parents", "valid"):
+        np.testing.assert_array_equal(getattr(fused, name), getattr(plain, name), err_msg=name)
+    np.testing.assert_allclose(fused.scores, plain.scores, rtol=RTOL, atol=RTOL)
+
+
+def test_fixture_greedy_decodes_through_the_kernels():
+    """The golden Domino fixture (its drafter has G = 32: the Triton variant) decoded with the
+    head's steps and DominoTree's depth steps in the kernels (interpreter) and in their
+    twins: the reference's tokens, token for token."""
+    from decode_helpers import fixture_models, reference_greedy
+    from domino_jax.decode.methods import make_drafter, method_options
+    from domino_jax.decode.speculative import DecodeConfig, generate
+    from domino_jax.models.domino_head import decode_head
+
+    target, params, dcfg, dparams, outputs = fixture_models("domino_shift")
+    dparams = dict(dparams, head=decode_head(dparams["head"],
+                                             params["embed_tokens"]["embedding"]))
+    prompt = outputs["prompt"][0].tolist()
+    prompts = [prompt, [5, 6, 7]]
+    ref = reference_greedy(target, params, prompts, 10)
+    assert ref[0] == outputs["reference_spec_greedy_ids"][0, len(prompt):][:10].tolist()
+    for method, options in (("domino", {}), ("domino", {"head_topm": 9}),
+                            ("dominotree", {"budget": 6, "node_topk": 3, "topm": 12})):
+        for implementation in ("pallas_interpret", "reference"):
+            opts = method_options(method, head_kernels=implementation, **options)
+            drafter = make_drafter(dcfg, target, method, opts)
+            result = generate(target, params, prompts,
+                              DecodeConfig(method=method, max_new_tokens=10), drafter=drafter,
+                              draft_params=dparams)
+            assert result.tokens == ref, (method, options, implementation)
+
+
+def test_head_kernel_switch():
+    """Explicit requests fail fast with the reason; ``auto`` is XLA until measured; an
+    unknown name is named."""
+    cfg, head, embed, _ = _small_head()
+    plain = head.params
+    assert hk.rollout_kernels("auto", head, B, V) is None          # nothing measured yet
+    assert hk.rollout_kernels("xla", head, B, V) is None
+    assert hk.rollout_kernels("reference", head, B, V) == hk.HeadKernels("triton", twin=True)
+    assert hk.rollout_kernels("pallas_interpret", head, B, V).interpret is True
+    with pytest.raises(ValueError, match="need a CUDA GPU"):
+        hk.rollout_kernels("pallas", head, B, V)
+    with pytest.raises(ValueError, match="decode layout"):
+        hk.rollout_kernels("pallas_interpret", plain, B, V)
+    with pytest.raises(ValueError, match="topm = 0"):
+        hk.tree_kernels("reference", head, 6, V, 3, 0)
+    with pytest.raises(ValueError, match="unknown head kernel implementation 'triton'"):
+        hk.rollout_kernels("triton", head, B, V)
+    with pytest.raises(ValueError, match="need a CUDA GPU"):
+        hk.check_request("pallas", True)
+    with pytest.raises(ValueError, match="input table"):
+        hk.check_request("reference", False)

@@ -98,3 +98,39 @@ def test_triton_lowering_rejects_what_triton_cannot_take():
     args = [S((16, 3 * gru + emb), F32), S((emb, vocab), BF16), S((1, 16, vocab), F32)]
     with pytest.raises(Exception, match="power of 2"):
         export_for(fn, args, GPU[0])
+
+
+@pytest.mark.parametrize("method", ["ar", "domino", "dominotree"])
+def test_default_decode_programs_export_for_tpu(method):
+    """The decode programs ``generate`` compiles (prefill and the round loop) for the golden
+    fixture pair as ``load_pair`` gives it by default (bf16, fused layout, the head's decode
+    layout, XLA attention and head) lower for a TPU."""
+    import os
+
+    from domino_jax.decode import round as round_lib
+    from domino_jax.decode import speculative
+    from domino_jax.decode.loading import load_pair
+    from domino_jax.kv_cache import align_slots
+
+    folder = os.path.join(os.path.dirname(__file__), "fixtures", "reference", "domino_shift")
+    target, tparams, drafter, dparams = load_pair(os.path.join(folder, "target"),
+                                                  os.path.join(folder, "draft"), method)
+    config = speculative.DecodeConfig(method=method, max_new_tokens=8)
+    prompt, prompt_len = speculative.pad_prompts([[1, 2, 3, 4, 5]])
+    capacity = align_slots(speculative.required_capacity(prompt.shape[1], config,
+                                                         drafter.verify_width - 1))
+    spec = lambda tree: jax.tree.map(lambda x: S(x.shape, x.dtype), tree)  # noqa: E731
+    params = [spec(tparams), spec(dparams)]
+    tpu = next(t for t in TARGETS if t.platform == "tpu")
+
+    def prefill(tp, dp, p, n, key):
+        return round_lib.prefill(target, drafter, config, tp, dp, p, n, key, capacity)
+
+    inputs = params + [spec(prompt), spec(prompt_len), spec(jax.random.PRNGKey(0))]
+    _lowers(prefill, inputs, tpu, 0)
+    state = jax.eval_shape(prefill, *inputs)
+
+    def rounds(tp, dp, st, limit):
+        return round_lib.decode_rounds(target, drafter, config, tp, dp, st, limit)
+
+    _lowers(rounds, params + [state, S((), I32)], tpu, 0)

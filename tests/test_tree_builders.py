@@ -175,7 +175,7 @@ _JITTED = {name: (jax.jit(dd, static_argnums=1), jax.jit(dom, static_argnums=(1,
 
 
 def _with_decode_head(build):
-    """``build`` on the head in its decode layout (``[W1_s | W_hh]`` and the GRU input table,
+    """``build`` on the head in its decode layout (``[W_hh | W1_s]`` and the GRU input table,
     what ``load_pair`` gives): the library builder then carries each lane's state product."""
     def wrapped(head, config, hid, base, root_state, embed, *args):
         return build(decode_head(head, embed), config, hid, base, root_state, embed, *args)

@@ -22,7 +22,7 @@ import sys
 from domino_jax.console import add_verbose_flag, setup_logging, step
 from domino_jax.decode.ngram import NGRAM_DEFAULTS, OCCURRENCES
 from domino_jax.pallas import (ATTENTION_IMPLEMENTATIONS, DEFAULT_PREFILL_CHUNK,
-                               PREFILL_ATTENTION_IMPLEMENTATIONS)
+                               HEAD_IMPLEMENTATIONS, PREFILL_ATTENTION_IMPLEMENTATIONS)
 
 
 DEFAULT_PROMPT = "Explain in three sentences why the sky is blue."
@@ -66,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="domino, dominotree: do not precompute the [V, 3G] float32 GRU input "
                         "table (saves 12 V G bytes, 1.87 GB for Qwen3-8B; each head step then "
                         "multiplies by W_ih instead of gathering a row)")
+    p.add_argument("--head-kernels", default="auto", choices=HEAD_IMPLEMENTATIONS,
+                   help="domino, dominotree: the head's rollout steps / DominoTree's depth "
+                        "steps: 'auto' (default; XLA until a GPU measurement says the "
+                        "kernels are faster), 'xla', 'pallas' (the fused Pallas kernels: "
+                        "Triton on CUDA, Mosaic on TPU; fails elsewhere), 'reference' (their "
+                        "plain-JAX twins), 'pallas_interpret' (CPU, slow)")
     p.add_argument("--attention", default="xla", choices=ATTENTION_IMPLEMENTATIONS,
                    help="attention over the KV cache: 'xla' (default), 'pallas' (the split-K "
                         "Pallas kernel; GPU, fails elsewhere), 'auto' (the kernel on a GPU, "
@@ -221,7 +227,8 @@ def tensor_parallel_mesh(n: int, target_dir: str, draft_dir: str | None):
 OPTION_FLAGS = {"budget": "--budget", "topm": "--topm", "node_topk": "--node-topk",
                 "head_topm": "--head-topm", "context_window": "--draft-window",
                 "max_ngram": "--ngram-max", "min_ngram": "--ngram-min",
-                "num_tokens": "--ngram-tokens", "occurrence": "--ngram-occurrence"}
+                "num_tokens": "--ngram-tokens", "occurrence": "--ngram-occurrence",
+                "head_kernels": "--head-kernels"}
 
 
 def _given_options(args, options_cls) -> dict:

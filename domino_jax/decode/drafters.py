@@ -28,6 +28,7 @@ from domino_jax.decode.contract import Drafter, PromptChunk, Proposal
 from domino_jax.kv_cache import align_slots
 from domino_jax.models import dflash, domino_head
 from domino_jax.models.qwen3 import TargetLM, TargetOutput
+from domino_jax.pallas import HEAD_IMPLEMENTATIONS, check_implementation, head_kernels
 
 
 def one_hot_log_probs(tokens: jax.Array, vocab: int) -> jax.Array:
@@ -177,11 +178,12 @@ def _chooser(config):
     return choose_fn
 
 
-def _draft_log_probs(drafts, logits, config):
-    """``q [B, K, V]``: the distribution each draft was chosen from."""
+def _draft_log_probs(drafts, logits, config, vocab: int):
+    """``q [B, K, V]``: the distribution each draft was chosen from (greedy drafts: one-hot;
+    ``logits`` is only read for sampled ones)."""
     if config.draft_policy == "sample":
         return jax.nn.log_softmax(logits / config.draft_temperature, axis=-1)
-    return one_hot_log_probs(drafts, logits.shape[-1])
+    return one_hot_log_probs(drafts, vocab)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,22 +197,27 @@ class DFlashDrafter(BlockDrafter):
         _, base, draft_cache = self.draft_block(target_params, draft_params, state)
         keys = jax.random.split(key, self.num_drafts)
         drafts = jax.vmap(_chooser(config), in_axes=(1, 0), out_axes=1)(base, keys)
-        return Proposal(drafts, draft_cache, _draft_log_probs(drafts, base, config))
+        q = _draft_log_probs(drafts, base, config, base.shape[-1])
+        return Proposal(drafts, draft_cache, q)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DominoOptions(BlockOptions):
     """``head_topm``: corrected drafts choose among the top-M base tokens of their position
     (a candidate pool, as SGLang's Domino rollout; much faster head); 0 = the full
-    vocabulary, the reference's drafts."""
+    vocabulary, the reference's drafts. ``head_kernels``: how the rollout's steps run
+    (:mod:`domino_jax.pallas.head_kernels`: ``auto`` (default) / ``xla`` / ``pallas`` /
+    ``reference`` / ``pallas_interpret``; same drafts up to float32 accumulation order)."""
 
     head_topm: int = 0
+    head_kernels: str = "auto"
 
     def __post_init__(self):
         super().__post_init__()
         if self.head_topm < 0:
             raise ValueError(f"head_topm must be >= 0 (0 = full vocabulary), got "
                              f"{self.head_topm}")
+        check_implementation("head kernel", self.head_kernels, HEAD_IMPLEMENTATIONS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,12 +234,24 @@ class DominoDrafter(BlockDrafter):
         hidden, base, draft_cache = self.draft_block(target_params, draft_params, state)
         drafts, logits = self.rollout(target_params, draft_params, hidden, base, state.root,
                                       key, config)
-        return Proposal(drafts, draft_cache, _draft_log_probs(drafts, logits, config))
+        q = _draft_log_probs(drafts, logits, config, base.shape[-1])
+        return Proposal(drafts, draft_cache, q)
 
     def rollout(self, target_params, draft_params, hidden, base, root, key, config):
         """The head's drafts ``[B, K]`` and the logits ``[B, K, V]`` they were chosen from
-        (:func:`~domino_jax.models.domino_head.rollout`)."""
+        (:func:`~domino_jax.models.domino_head.rollout`, or its steps through the Pallas
+        kernels per ``options.head_kernels``; then the logits are ``None`` for greedy
+        drafts, which need none)."""
+        head, topm = draft_params["head"], self.options.head_topm
+        root_embed = self.embed(target_params, root)
+        batch, _, vocab = base.shape
+        kernels = head_kernels.rollout_kernels(self.options.head_kernels, head, batch, vocab)
+        if kernels is not None:
+            sample = config.draft_policy == "sample"
+            return head_kernels.fused_rollout(
+                head, self.config, hidden, base, root_embed, kernels,
+                config.draft_temperature if sample else None, key, candidate_topm=topm,
+                need_logits=sample)
         embed_table = target_params["embed_tokens"]["embedding"]
-        return domino_head.rollout(
-            draft_params["head"], self.config, hidden, base, self.embed(target_params, root),
-            embed_table, _chooser(config), key, candidate_topm=self.options.head_topm)
+        return domino_head.rollout(head, self.config, hidden, base, root_embed, embed_table,
+                                   _chooser(config), key, candidate_topm=topm)

@@ -22,7 +22,7 @@ from domino_jax.demo_model import demo_target_dir
 from domino_jax.models.domino_head import decode_head
 from domino_jax.models.fused_layout import fuse_model
 from domino_jax.models.qwen3 import TargetLM
-from domino_jax.pallas import check_attention_implementation
+from domino_jax.pallas import check_attention_implementation, head_kernels
 # the text functions decoding uses (their home: domino_jax.text), re-exported
 from domino_jax.text import encode_prompt, load_tokenizer, stop_token_ids  # noqa: F401
 
@@ -59,13 +59,15 @@ def load_pair(target_dir: str, draft_dir: str | None, method: str, dtype=jnp.bfl
     concatenated, :mod:`domino_jax.models.fused_layout`); ``False`` keeps the checkpoint's
     layout (the same outputs, slower one-row products). With ``fused``, a method with a
     Domino head (``domino``, ``dominotree``) gets the head as a
-    :class:`~domino_jax.models.domino_head.DecodeHead`: ``[W1_s | W_hh]`` in one kernel and,
+    :class:`~domino_jax.models.domino_head.DecodeHead`: ``[W_hh | W1_s]`` in one kernel and,
     unless ``head_input_table=False``, the ``[V, 3G]`` float32 GRU input table (``12 V G``
     bytes: 1.87 GB for a Qwen3-8B Domino head, 151 MB for the SmolLM2 demo drafter).
 
     ``attention``: how both models attend over their KV caches
     (:func:`domino_jax.models.layers.attend`; ``"pallas"`` / ``"auto"``: the split-K Pallas
-    kernel on a GPU; not the default).
+    kernel on a GPU; not the default). The Domino head's steps and DominoTree's depth steps
+    have their own switch, the option ``head_kernels`` (``head_kernels="pallas"``: the fused
+    Pallas kernels, :mod:`domino_jax.pallas.head_kernels`; they need the input table).
 
     Each ``config.json`` is read once; the drafter is checked against the target (hidden
     size, vocab, layer ids, mask id) before any weights are read.
@@ -73,6 +75,8 @@ def load_pair(target_dir: str, draft_dir: str | None, method: str, dtype=jnp.bfl
     cls = drafter_class(method)
     options = method_options(method, options, **option_values)
     check_attention_implementation(attention)
+    if cls.needs_head:
+        head_kernels.check_request(options.head_kernels, fused and head_input_table)
     if not cls.needs_checkpoint and draft_dir is not None:
         raise ValueError(f"method {method!r} uses no drafter checkpoint; got draft "
                          f"{draft_dir!r}")

@@ -49,6 +49,7 @@ import jax.numpy as jnp
 
 from domino_jax.config import DraftConfig
 from domino_jax.models import domino_head
+from domino_jax.pallas import head_kernels
 from domino_jax.topk import top_k
 
 ChildrenFn = Callable[[Any, int], tuple[jax.Array, jax.Array]]   # (states [W,..], d) -> [W, c] x2
@@ -118,23 +119,45 @@ def best_first_tree(children: ChildrenFn, advance: AdvanceFn | None, root_state:
     states = jax.tree_util.tree_map(
         lambda x: jnp.broadcast_to(x, (width,) + jnp.shape(x)), root_state)
     lane_score = jnp.full((width,), -jnp.inf, jnp.float32).at[0].set(0.0)    # lane 0 = root
-    lane_entry = jnp.full((width,), -1, jnp.int32)       # ledger index of each lane's node
-    scores, tokens, parents = [], [], []
-    for d in range(k_depth):
+
+    def depth_step(lanes, d, advance_lanes):
+        states, lane_score = lanes
         ctok, clp = children(states, d)                                  # [W, c]
         c = ctok.shape[-1]
         cand = (lane_score[:, None] + clp).reshape(-1)                   # -inf stays -inf
         best, idx = jax.lax.top_k(cand, width)                           # W * c >= W
         lane = idx // c
         token = ctok.reshape(-1)[idx].astype(jnp.int32)
+        if not advance_lanes:
+            return best, token, lane, None
+        if advance is not None:
+            parent_states = jax.tree_util.tree_map(lambda x: x[lane], states)
+            states = advance(parent_states, token)
+        return best, token, lane, (states, best)
+
+    return frontier_tree(depth_step, (states, lane_score), k_depth, budget)
+
+
+DepthStep = Callable[[Any, int, bool], tuple[jax.Array, jax.Array, jax.Array, Any]]
+
+
+def frontier_tree(depth_step: DepthStep, lanes: Any, k_depth: int, budget: int) -> DraftTree:
+    """The ledger around ``K`` depth steps (module doc): ``depth_step(lanes, d, advance)``
+    keeps the ``W = budget`` best children at depth ``d`` of the lanes of depth ``d - 1``
+    (``lanes``: the root's at ``d = 0``) and returns ``(best [W] float32, token [W] int32,
+    lane [W] int32 (each child's parent lane), the lanes of depth d | None)`` (the lanes
+    only when ``advance``: not at the last depth). :func:`best_first_tree`'s step is plain
+    JAX; ``pallas.head_kernels.fused_depth_step`` is the fused kernel's."""
+    width = budget
+    lane_entry = jnp.full((width,), -1, jnp.int32)       # ledger index of each lane's node
+    scores, tokens, parents = [], [], []
+    for d in range(k_depth):
+        best, token, lane, next_lanes = depth_step(lanes, d, d + 1 < k_depth)
         scores.append(best)
         tokens.append(token)
         parents.append(lane_entry[lane])
         if d + 1 < k_depth:
-            if advance is not None:
-                parent_states = jax.tree_util.tree_map(lambda x: x[lane], states)
-                states = advance(parent_states, token)
-            lane_score = best
+            lanes = next_lanes
             lane_entry = d * width + jnp.arange(width, dtype=jnp.int32)
     ledger_score = jnp.concatenate(scores)                               # [K * W]
     ledger_token = jnp.concatenate(tokens)
@@ -170,7 +193,7 @@ def build_ddtree(draft_logits: jax.Array, budget: int) -> DraftTree:
 def build_dominotree(head: domino_head.Head, draft_config: DraftConfig,
                      draft_hidden: jax.Array, base_logits: jax.Array, root_state: jax.Array,
                      embed_table: jax.Array, budget: int, node_topk: int = 8, topm: int = 64,
-                     marginal: bool = False) -> DraftTree:
+                     marginal: bool = False, kernels=None) -> DraftTree:
     """DominoTree (docs/algorithms.md §5.3-5.4): the best-first tree with path-dependent
     Domino corrections, one row.
 
@@ -188,14 +211,22 @@ def build_dominotree(head: domino_head.Head, draft_config: DraftConfig,
         over them; 0: full-vocabulary correction.
       marginal: the path-independent control: every depth uses the top-``node_topk`` of the
         full-vocab ``log_softmax(base[d])`` (no head, no GRU).
+      kernels: a :class:`~domino_jax.pallas.head_kernels.HeadKernels` (from
+        ``head_kernels.tree_kernels``): each depth step through the fused Pallas kernel (or
+        its twin) instead of the plain JAX below; ``None``: plain JAX.
 
     Per depth: one batched correction over the ``W`` lanes' GRU states
     (:func:`~domino_jax.models.domino_head.tree_children`), then one batched GRU step for
     the ``W`` kept children. With a ``DecodeHead`` a lane carries its state's products with
-    ``[W1_s | W_hh]`` (:func:`~domino_jax.models.domino_head.state_products`), made once
+    ``[W_hh | W1_s]`` (:func:`~domino_jax.models.domino_head.state_products`), made once
     when the state is made: the depth step then has one state product instead of two.
     """
     k_depth = base_logits.shape[0]
+    if kernels is not None:
+        step, lanes = head_kernels.fused_tree_steps(
+            kernels, head, draft_config, draft_hidden, base_logits, root_state, budget,
+            node_topk, topm)
+        return frontier_tree(step, lanes, k_depth, budget)
     children, _ = domino_head.tree_children(head, draft_config, draft_hidden, base_logits,
                                             node_topk, topm, marginal)
     if marginal:

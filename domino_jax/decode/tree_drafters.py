@@ -20,6 +20,7 @@ from domino_jax.decode import tree as tree_lib
 from domino_jax.decode.contract import Proposal
 from domino_jax.decode.drafters import BlockDrafter, BlockOptions
 from domino_jax.models import domino_head
+from domino_jax.pallas import HEAD_IMPLEMENTATIONS, check_implementation, head_kernels
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -37,16 +38,19 @@ class TreeOptions(BlockOptions):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DominoTreeOptions(TreeOptions):
     """``node_topk``: children scored per expanded node; ``topm``: candidate tokens per depth
-    for the correction (0 = the full vocabulary)."""
+    for the correction (0 = the full vocabulary). ``head_kernels``: how the depth steps run
+    (:mod:`domino_jax.pallas.head_kernels`; same trees up to float32 accumulation order)."""
 
     node_topk: int = 8
     topm: int = 64
+    head_kernels: str = "auto"
 
     def __post_init__(self):
         super().__post_init__()
         if self.node_topk < 1 or self.topm < 0:
             raise ValueError(f"node_topk must be >= 1 and topm >= 0 (got {self.node_topk}, "
                              f"{self.topm})")
+        check_implementation("head kernel", self.head_kernels, HEAD_IMPLEMENTATIONS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +106,9 @@ class DominoTreeDrafter(_TreeDrafter):
         root_state = domino_head.root_gru_state(
             head, self.embed(target_params, root).astype(hidden.dtype))     # after [root]
         opts = self.options
+        kernels = head_kernels.tree_kernels(opts.head_kernels, head, opts.budget,
+                                            base.shape[-1], opts.node_topk, opts.topm)
         build = lambda h, b, s: tree_lib.build_dominotree(  # noqa: E731
             head, self.config, h, b, s, embed_table, opts.budget, node_topk=opts.node_topk,
-            topm=opts.topm)
+            topm=opts.topm, kernels=kernels)
         return jax.vmap(build)(hidden, base, root_state)

@@ -22,7 +22,7 @@ use it)::
     embed_proj_2/kernel    [E, V]    (torch embed_proj.2.weight [V, E])
 
 The decode layout, :class:`DecodeHead` (made once at load time by :func:`decode_head`):
-the plain parameters plus ``state_proj = [W1_s | W_hh]`` (the two products of a GRU state
+the plain parameters plus ``state_proj = [W_hh | W1_s]`` (the two products of a GRU state
 become one) and, optionally, the float32 ``[V, 3G]`` GRU input table ``embed @ W_ih`` (a
 step's input gates become a row gather). Every operation below takes either layout and
 gives the same values up to float32 accumulation order.
@@ -38,7 +38,7 @@ logit add are float32 (docs/algorithms.md §9.4).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Union
+from typing import Any, Callable, NamedTuple, Union
 
 import flax.struct
 import jax
@@ -96,10 +96,11 @@ def head_param_count(config: DraftConfig) -> int:
 class DecodeHead:
     """The head in its decode layout (a pytree; see the module doc).
 
-    ``params``: the plain :data:`HeadParams`. ``state_proj``: ``[G, E + 3G]`` =
-    ``[W1_s | W_hh]``. ``input_table``: ``[V, 3G]`` float32 ``embed_table @ W_ih``, or
-    ``None`` (then a step's input gates are ``embed_table[t] @ W_ih``). Made by
-    :func:`decode_head`.
+    ``params``: the plain :data:`HeadParams`. ``state_proj``: ``[G, 3G + E]`` =
+    ``[W_hh | W1_s]`` (``W_hh`` first: the Pallas kernels' lane-aligned order,
+    ``domino_jax/pallas/head_step.py``). ``input_table``: ``[V, 3G]`` float32 ``embed_table
+    @ W_ih``, or ``None`` (then a step's input gates are ``embed_table[t] @ W_ih``). Made
+    by :func:`decode_head`.
     """
 
     params: HeadParams
@@ -126,7 +127,7 @@ def decode_head(head_params: HeadParams, embed_table: Any, input_table: bool = T
 
     At decode the rollout's steps are sequential and each is a few one-row products, so
     every product saved per step is a kernel launch saved ``K`` times per round:
-    ``state_proj = [W1_s | W_hh]`` makes the state's two products one, and the GRU input
+    ``state_proj = [W_hh | W1_s]`` makes the state's two products one, and the GRU input
     table (``12 V G`` bytes: 1.87 GB for Qwen3's vocabulary and ``G = 1024``; float32 so
     the gates equal the plain path's, where the reference fast paths keep a bf16 table)
     makes a step's input gates a row gather instead of an ``[H, 3G]`` product.
@@ -145,8 +146,8 @@ def decode_head(head_params: HeadParams, embed_table: Any, input_table: bool = T
     if input_table:
         table = jax.jit(gru_input_table)(head_params,
                                          jnp.asarray(embed_table).astype(w_ih.dtype))
-    return DecodeHead(params=head_params, state_proj=_concat(list(state_kernels(head_params))),
-                      input_table=table)
+    w1_s, w_hh = state_kernels(head_params)
+    return DecodeHead(params=head_params, state_proj=_concat([w_hh, w1_s]), input_table=table)
 
 
 # --------------------------------------------------------------------------- GRU steps
@@ -205,13 +206,13 @@ def state_kernels(head: Head) -> tuple[jax.Array, jax.Array]:
 def state_products(head: Head, state: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``(state W1_s [..., E], state W_hh [..., 3G])``, float32, for ``state [..., G]``.
 
-    Both products read the same state: with a :class:`DecodeHead` (``state_proj [G, E + 3G]``
-    = ``[W1_s | W_hh]``) they are one product, one kernel launch instead of two per step.
+    Both products read the same state: with a :class:`DecodeHead` (``state_proj [G, 3G + E]``
+    = ``[W_hh | W1_s]``) they are one product, one kernel launch instead of two per step.
     """
     if isinstance(head, DecodeHead):
         both = _matmul(state, head.state_proj)
-        emb_dim = head.params["embed_proj_0"]["kernel"].shape[1]
-        return both[..., :emb_dim], both[..., emb_dim:]
+        gates = 3 * head.params["prefix_gru"]["weight_hh"].shape[0]
+        return both[..., gates:], both[..., :gates]
     w1_s, w_hh = state_kernels(head)
     return _matmul(state, w1_s), _matmul(state, w_hh)
 
@@ -374,6 +375,15 @@ def rollout(head: Head, config: DraftConfig, draft_hidden: jax.Array,
         if i + 1 < num_drafts:
             state = gru_update(gates, state_hh, state)
         tokens.append(token)
+    return jnp.stack(tokens, axis=1), rollout_logits(logits, pooled, cand if m > 0 else None,
+                                                     prefix_len, batch, vocab)
+
+
+def rollout_logits(logits: list, pooled: list, cand: jax.Array | None, prefix_len: int,
+                   batch: int, vocab: int) -> jax.Array:
+    """``rollout``'s second output from its per-position rows: ``logits`` (full-vocabulary
+    ``[B, V]`` rows, positions first), then ``pooled`` (``[B, M]`` candidate-pool rows of
+    positions ``P..``, with ``cand [B, K, M]``) scattered into ``-inf`` rows: ``[B, K, V]``."""
     logits = (jnp.stack(logits, axis=1) if logits                          # [B, K or P, V]
               else jnp.zeros((batch, 0, vocab), jnp.float32))
     if pooled:             # one scatter after the loop: -inf outside each position's pool
@@ -382,10 +392,51 @@ def rollout(head: Head, config: DraftConfig, draft_hidden: jax.Array,
         full = jnp.full((batch, len(pooled), vocab), -jnp.inf, jnp.float32).at[
             rows, slots, cand[:, prefix_len:]].set(jnp.stack(pooled, axis=1))
         logits = jnp.concatenate([logits, full], axis=1)
-    return jnp.stack(tokens, axis=1), logits
+    return logits
 
 
 # --------------------------------------------------------------------------- tree children
+
+
+class TreeTables(NamedTuple):
+    """What DominoTree's children read, made once per round (one tree): per depth ``d`` the
+    uncorrected children ``base_tok, base_lp [K, ntop]`` (the top of the full-vocabulary
+    ``log_softmax(base[d])``) and, unless ``marginal``, ``z_proj [K, E]`` float32 and, with
+    ``topm = M > 0``, the top-M base candidates ``cand [K, M]``, their base logits
+    ``cand_logits [K, M]`` and float32 ``W2`` rows ``cand_w2 [K, M, E]``."""
+
+    base_tok: jax.Array
+    base_lp: jax.Array
+    z_proj: jax.Array | None
+    cand: jax.Array | None
+    cand_logits: jax.Array | None
+    cand_w2: jax.Array | None
+
+
+def tree_tables(head: Head, draft_hidden: jax.Array, base_logits: jax.Array,
+                node_topk: int = 8, topm: int = 64, marginal: bool = False) -> TreeTables:
+    """:class:`TreeTables` of one tree: ``draft_hidden [K, H]``, ``base_logits [K, V]``."""
+    vocab = base_logits.shape[-1]
+    ntop = min(node_topk, vocab)
+    base = base_logits.astype(jnp.float32)
+    # log_softmax(base) = (base - max) - log(sum(exp(base - max))), jax.nn.log_softmax's formula
+    shift = jnp.max(base, axis=-1, keepdims=True)
+    log_norm = jnp.log(jnp.sum(jnp.exp(base - shift), axis=-1, keepdims=True))   # [K, 1]
+    m = 0 if marginal else min(topm, vocab)
+    # one vocabulary-wide top-k (descending): its first ntop entries are the uncorrected
+    # children, its first M the path-independent candidates
+    top_vals, top_ids = top_k(base, max(ntop, m))                      # [K, max(ntop, M)]
+    base_lp = (top_vals[:, :ntop] - shift) - log_norm                  # log_softmax at the top
+    z_proj = cand = cand_logits = cand_w2 = None
+    if not marginal:
+        params = plain_params(head)
+        w1_z, _ = _split_w1(params, draft_hidden.shape[-1])
+        z_proj = _matmul(draft_hidden, w1_z)                           # [K, E] f32
+        if m > 0:
+            cand_logits, cand = top_vals[:, :m], top_ids[:, :m]        # [K, M]
+            w2 = params["embed_proj_2"]["kernel"]                      # [E, V]
+            cand_w2 = jnp.moveaxis(w2[:, cand], 0, -1).astype(jnp.float32)  # [K, M, E]
+    return TreeTables(top_ids[:, :ntop], base_lp, z_proj, cand, cand_logits, cand_w2)
 
 
 def tree_children(head: Head, draft_config: DraftConfig, draft_hidden: jax.Array,
@@ -393,13 +444,11 @@ def tree_children(head: Head, draft_config: DraftConfig, draft_hidden: jax.Array
                   marginal: bool = False):
     """DominoTree's children of a node (docs/algorithms.md §5.3), one tree (one batch row).
 
-    Precomputes once per round (per depth ``d``): ``z_proj[d] = W1_z · hid[d]``, the top-M
-    base candidates ``cand[d]``, their base logits and their float32 ``W2`` rows. Returns
-    ``(children, ntop)`` where ``children(states [..., G], d) -> (tokens [..., ntop] int32,
-    log_probs [..., ntop] float32)`` gives the top-``ntop`` children at depth ``d`` (clamped
-    to ``K - 1``; static or traced) of nodes whose GRU states are ``states``
-    (``children(states, d, state_w1)`` takes ``states @ W1_s [..., E]`` float32 precomputed,
-    e.g. by :func:`state_products`):
+    Reads :func:`tree_tables` (made once per round). Returns ``(children, ntop)`` where
+    ``children(states [..., G], d) -> (tokens [..., ntop] int32, log_probs [..., ntop]
+    float32)`` gives the top-``ntop`` children at depth ``d`` (clamped to ``K - 1``; static
+    or traced) of nodes whose GRU states are ``states`` (``children(states, d, state_w1)``
+    takes ``states @ W1_s [..., E]`` float32 precomputed, e.g. by :func:`state_products`):
 
     * ``d < P`` (``pure_draft_prefix_len``) or ``marginal``: top of the full-vocab
       ``log_softmax(base[d])``, the same for every state;
@@ -409,29 +458,17 @@ def tree_children(head: Head, draft_config: DraftConfig, draft_hidden: jax.Array
 
     ``draft_hidden [K, H]``, ``base_logits [K, V]``: the round's draft positions.
     """
-    k_depth, vocab = base_logits.shape
-    hidden_size = draft_hidden.shape[-1]
+    k_depth = base_logits.shape[0]
     prefix = draft_config.pure_draft_prefix_len
-    ntop = min(node_topk, vocab)
     act = draft_hidden.dtype
-    base = base_logits.astype(jnp.float32)
-    # log_softmax(base) = (base - max) - log(sum(exp(base - max))), jax.nn.log_softmax's formula
-    shift = jnp.max(base, axis=-1, keepdims=True)
-    log_norm = jnp.log(jnp.sum(jnp.exp(base - shift), axis=-1, keepdims=True))   # [K, 1]
-    m = 0 if marginal else min(topm, vocab)
-    # one vocabulary-wide top-k (descending): its first ntop entries are the uncorrected
-    # children, its first M the path-independent candidates
-    top_vals, top_ids = top_k(base, max(ntop, m))                      # [K, max(ntop, M)]
-    base_tok = top_ids[:, :ntop]
-    base_lp = (top_vals[:, :ntop] - shift) - log_norm                  # log_softmax at the top
+    tables = tree_tables(head, draft_hidden, base_logits, node_topk, topm, marginal)
+    base_tok, base_lp, z_proj, cand, bc, w2c = tables
+    ntop = base_tok.shape[-1]
     if not marginal:
         params = plain_params(head)
-        w1_z, w1_s = _split_w1(params, hidden_size)
+        _, w1_s = _split_w1(params, draft_hidden.shape[-1])
         w2 = params["embed_proj_2"]["kernel"]                          # [E, V]
-        z_proj = _matmul(draft_hidden, w1_z)                           # [K, E] f32
-        if m > 0:
-            bc, cand = top_vals[:, :m], top_ids[:, :m]                 # [K, M]
-            w2c = jnp.moveaxis(w2[:, cand], 0, -1).astype(jnp.float32)  # [K, M, E]
+        base = base_logits.astype(jnp.float32)
 
     def children(states, d, state_w1=None):
         d = jnp.minimum(d, k_depth - 1)
@@ -444,7 +481,7 @@ def tree_children(head: Head, draft_config: DraftConfig, draft_hidden: jax.Array
             state_w1 = _matmul(states.astype(act), w1_s)
         pre = z_proj[d] + state_w1
         u = jax.nn.silu(pre).astype(jnp.float32)                      # [..., E]
-        if m > 0:
+        if cand is not None:
             c = bc[d] + jnp.einsum("me,...e->...m", w2c[d], u)
             lp_c, j = jax.lax.top_k(jax.nn.log_softmax(c), ntop)
             tok_c = cand[d][j]

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from domino_jax.kv_cache import MASK_VALUE  # noqa: F401 (the masked score, used below)
 from domino_jax.models.blockwise_attention import attend_blockwise
 from domino_jax.pallas import cache_attention as kernel
+from domino_jax.pallas.cache_attention_tpu import cache_attention_tpu, tpu_supported
 from domino_jax.pallas import check_attention_implementation
 
 Dtype = Any
@@ -64,11 +65,12 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array,
     * ``"xla"`` (default): ``jax.nn.dot_product_attention(implementation="xla")``, below;
     * ``"reference"``: :func:`attend_reference`, the einsum;
     * ``"pallas"``: the split-K kernel :func:`domino_jax.pallas.cache_attention.cache_attention`
-      (GPU; few query rows over a cache). Fails fast (``ValueError`` naming the reason) on
-      another backend or for shapes it does not take;
+      (GPU; few query rows over a cache), on a TPU its Mosaic variant
+      :func:`~domino_jax.pallas.cache_attention_tpu.cache_attention_tpu`. Fails fast
+      (``ValueError`` naming the reason) on another backend or for shapes it does not take;
     * ``"pallas_interpret"``: the same kernel in the Pallas interpreter (CPU tests);
     * ``"auto"``: the kernel on a GPU when it takes the shapes and dtypes, else ``"xla"``
-      (with a warning when a GPU falls back);
+      (with a warning when a GPU falls back; XLA on a TPU, where the kernel is not measured);
     * ``"blockwise"``: flash-style attention in XLA ops
       (:func:`domino_jax.models.blockwise_attention.attend_blockwise`): never materialises
       more than one key block of scores (what long prefill chunks use);
@@ -114,6 +116,8 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array,
         out = jax.nn.dot_product_attention(q, k, v, mask=visible.astype(bool)[:, None],
                                            implementation="cudnn")
         return out.astype(v.dtype)
+    if path == "pallas_tpu":
+        return cache_attention_tpu(q, k, v, visible)
     if path.startswith("pallas"):
         return kernel.cache_attention(q, k, v, visible, interpret=path == "pallas_interpret")
     if not (q.dtype == k.dtype == v.dtype):
@@ -125,8 +129,8 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array,
 
 def resolve_attention(implementation: str, q: jax.Array, k: jax.Array, v: jax.Array) -> str:
     """The code :func:`attend` runs for ``implementation`` on these inputs: ``"xla"``,
-    ``"reference"``, ``"pallas"`` or ``"pallas_interpret"`` (``k`` one layer ``[B, S, nKV,
-    D]``). Raises ``ValueError`` for an unknown name or an explicit kernel request it cannot
+    ``"reference"``, ``"pallas"``, ``"pallas_tpu"`` or ``"pallas_interpret"`` (``k`` one
+    layer ``[B, S, nKV, D]``). Raises ``ValueError`` for an unknown name or an explicit kernel request it cannot
     serve; ``"auto"`` falls back to ``"xla"`` (warning on a GPU)."""
     check_attention_implementation(implementation)
     if implementation in ("xla", "reference"):
@@ -148,6 +152,11 @@ def resolve_attention(implementation: str, q: jax.Array, k: jax.Array, v: jax.Ar
     if not (q.dtype == k.dtype == v.dtype):
         reason = f"mixed dtypes q {q.dtype}, k {k.dtype}, v {v.dtype}"
     on_gpu = jax.default_backend() == "gpu"
+    if implementation == "pallas" and jax.default_backend() == "tpu":
+        reason = reason or tpu_supported(q.shape, k.shape)
+        if reason is None:
+            return "pallas_tpu"
+        raise ValueError(f"attention implementation 'pallas' (TPU): {reason}")
     if implementation == "pallas" and not on_gpu:
         reason = f"the Pallas Triton kernel needs a GPU (backend: {jax.default_backend()})"
     if reason is None and implementation == "pallas_interpret":
@@ -171,6 +180,8 @@ def attend_cache_layer(q: jax.Array, keys: jax.Array, values: jax.Array, layer: 
     path = resolve_attention(implementation, q, k, v)
     if path == "blockwise":            # reads the layer block by block, in place
         return attend_blockwise(q, keys, values, visible, MASK_VALUE, layer=layer)
+    if path == "pallas_tpu":
+        return cache_attention_tpu(q, keys, values, visible, layer=layer)
     if path.startswith("pallas"):
         return kernel.cache_attention(q, keys, values, visible, layer=layer,
                                       interpret=path == "pallas_interpret")
