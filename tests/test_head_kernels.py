@@ -13,6 +13,8 @@ only); bf16: the activation-dtype rounding of the state.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -160,9 +162,10 @@ def test_tree_step_matches_twin_and_top_k(variant):
     plan, raw, x = _tree_inputs(variant)
     args = (x["lane_score"], x["state"], x["products"], x["inputs"], x["table"],
             x["state_proj"])
+    results = {}
     for from_base, advance in ((False, True), (True, False)):
         kw = dict(plan=plan, depth=1, from_base=from_base, advance=advance)
-        ours = ts.tree_step(*args, **kw, interpret=INTERPRET[variant])
+        ours = results[from_base] = ts.tree_step(*args, **kw, interpret=INTERPRET[variant])
         twin = ts.tree_step_reference(*args, **kw)
         for a, b in zip(ours[:3], twin[:3]):
             np.testing.assert_array_equal(a, b)
@@ -176,8 +179,7 @@ def test_tree_step_matches_twin_and_top_k(variant):
     u = x["products"][:W, 3 * G:]
     lp, j = jax.lax.top_k(jax.nn.log_softmax(cand_logits + u @ cand_w2.T), NT)
     best, idx = jax.lax.top_k((x["lane_score"][:W, None] + lp).reshape(-1), W)
-    ours = ts.tree_step(*args, plan=plan, depth=1, from_base=False, advance=True,
-                        interpret=INTERPRET[variant])
+    ours = results[False]
     np.testing.assert_allclose(ours[0], best, rtol=RTOL, atol=RTOL)
     np.testing.assert_array_equal(ours[1], cand[j.reshape(-1)[idx]])
     np.testing.assert_array_equal(ours[2], idx // NT)
@@ -251,6 +253,23 @@ KERNEL_PATHS = {"twin": hk.HeadKernels("triton", twin=True),
                 "mosaic_tpu": hk.HeadKernels("mosaic_tpu", interpret=INTERPRET["mosaic_tpu"])}
 
 
+@functools.cache
+def _plain_rollout(temperature, topm):
+    """``domino_head.rollout``'s drafts and logits on :func:`_small_head` (made once per
+    setting: several kernel paths compare with it)."""
+    from domino_jax.models import domino_head as dh
+
+    cfg, head, embed, x = _small_head()
+
+    def choose(logits, k):
+        if temperature is None:
+            return jnp.argmax(logits, -1).astype(jnp.int32)
+        return jax.random.categorical(k, logits / temperature, axis=-1).astype(jnp.int32)
+
+    return dh.rollout(head, cfg, x["hidden"], x["base"], x["root_embed"], embed, choose,
+                      jax.random.PRNGKey(5), candidate_topm=topm)
+
+
 @pytest.mark.parametrize("path,temperature,topm", [
     ("twin", None, 0), ("twin", 0.8, 0), ("twin", 0.8, 7), ("triton", None, 0),
     ("triton", None, 7), ("mosaic_tpu", None, 0), ("mosaic_tpu", 0.8, 0)])
@@ -258,20 +277,10 @@ def test_fused_rollout_equals_rollout(path, temperature, topm):
     """The rollout through the step kernels (or their twins) drafts what
     ``domino_head.rollout`` drafts (argmax, Gumbel-max draws, the candidate pool) from the
     same logits."""
-    from domino_jax.models import domino_head as dh
-
-    cfg, head, embed, x = _small_head()
-    key = jax.random.PRNGKey(5)
-
-    def choose(logits, k):
-        if temperature is None:
-            return jnp.argmax(logits, -1).astype(jnp.int32)
-        return jax.random.categorical(k, logits / temperature, axis=-1).astype(jnp.int32)
-
-    tokens, logits = dh.rollout(head, cfg, x["hidden"], x["base"], x["root_embed"], embed,
-                                choose, key, candidate_topm=topm)
+    cfg, head, _, x = _small_head()
+    tokens, logits = _plain_rollout(temperature, topm)
     ours, our_logits = hk.fused_rollout(head, cfg, x["hidden"], x["base"], x["root_embed"],
-                                        KERNEL_PATHS[path], temperature, key,
+                                        KERNEL_PATHS[path], temperature, jax.random.PRNGKey(5),
                                         candidate_topm=topm)
     np.testing.assert_array_equal(ours, tokens)
     finite = jnp.isfinite(logits)
@@ -280,17 +289,26 @@ def test_fused_rollout_equals_rollout(path, temperature, topm):
                                rtol=RTOL, atol=RTOL)
 
 
-@pytest.mark.parametrize("path", ["twin", "triton", "mosaic_tpu"])
-def test_dominotree_through_the_kernel_equals_plain(path):
-    """``build_dominotree`` with every depth step through the fused kernel gives the tree of
-    the plain-JAX builder (tokens, depths, parents, validity exact; scores to 1e-5)."""
+@functools.cache
+def _plain_tree():
+    """The plain-JAX builder's tree on :func:`_small_head` (seed 1, budget 6, node_topk 3,
+    topm 10) and the arguments it was built from (made once)."""
     from domino_jax.decode import tree as tree_lib
     from domino_jax.models import domino_head as dh
 
     cfg, head, embed, x = _small_head(seed=1)
     root_state = dh.root_gru_state(head, x["root_embed"][0])
     args = (head, cfg, x["hidden"][0], x["base"][0], root_state, embed, 6)
-    plain = tree_lib.build_dominotree(*args, node_topk=3, topm=10)
+    return args, tree_lib.build_dominotree(*args, node_topk=3, topm=10)
+
+
+@pytest.mark.parametrize("path", ["twin", "triton", "mosaic_tpu"])
+def test_dominotree_through_the_kernel_equals_plain(path):
+    """``build_dominotree`` with every depth step through the fused kernel gives the tree of
+    the plain-JAX builder (tokens, depths, parents, validity exact; scores to 1e-5)."""
+    from domino_jax.decode import tree as tree_lib
+
+    args, plain = _plain_tree()
     fused = tree_lib.build_dominotree(*args, node_topk=3, topm=10, kernels=KERNEL_PATHS[path])
     for name in ("tokens", "depths", "parents", "valid"):
         np.testing.assert_array_equal(getattr(fused, name), getattr(plain, name), err_msg=name)
@@ -299,8 +317,9 @@ def test_dominotree_through_the_kernel_equals_plain(path):
 
 def test_fixture_greedy_decodes_through_the_kernels():
     """The golden Domino fixture (its drafter has G = 32: the Triton variant) decoded with the
-    head's steps and DominoTree's depth steps in the kernels (interpreter) and in their
-    twins: the reference's tokens, token for token."""
+    head's steps and DominoTree's depth steps in the kernels (interpreter): the reference's
+    tokens, token for token. (The twins are checked against ``rollout`` and the plain builder
+    above; here only the kernels, to keep the file fast.)"""
     from decode_helpers import fixture_models, reference_greedy
     from domino_jax.decode.methods import make_drafter, method_options
     from domino_jax.decode.speculative import DecodeConfig, generate
@@ -315,13 +334,12 @@ def test_fixture_greedy_decodes_through_the_kernels():
     assert ref[0] == outputs["reference_spec_greedy_ids"][0, len(prompt):][:10].tolist()
     for method, options in (("domino", {}), ("domino", {"head_topm": 9}),
                             ("dominotree", {"budget": 6, "node_topk": 3, "topm": 12})):
-        for implementation in ("pallas_interpret", "reference"):
-            opts = method_options(method, head_kernels=implementation, **options)
-            drafter = make_drafter(dcfg, target, method, opts)
-            result = generate(target, params, prompts,
-                              DecodeConfig(method=method, max_new_tokens=10), drafter=drafter,
-                              draft_params=dparams)
-            assert result.tokens == ref, (method, options, implementation)
+        opts = method_options(method, head_kernels="pallas_interpret", **options)
+        drafter = make_drafter(dcfg, target, method, opts)
+        result = generate(target, params, prompts,
+                          DecodeConfig(method=method, max_new_tokens=10), drafter=drafter,
+                          draft_params=dparams)
+        assert result.tokens == ref, (method, options)
 
 
 def test_head_kernel_switch():

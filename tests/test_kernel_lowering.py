@@ -113,8 +113,8 @@ def test_default_decode_programs_export_for_tpu(method):
     from domino_jax.kv_cache import align_slots
 
     folder = os.path.join(os.path.dirname(__file__), "fixtures", "reference", "domino_shift")
-    target, tparams, drafter, dparams = load_pair(os.path.join(folder, "target"),
-                                                  os.path.join(folder, "draft"), method)
+    draft = None if method == "ar" else os.path.join(folder, "draft")
+    target, tparams, drafter, dparams = load_pair(os.path.join(folder, "target"), draft, method)
     config = speculative.DecodeConfig(method=method, max_new_tokens=8)
     prompt, prompt_len = speculative.pad_prompts([[1, 2, 3, 4, 5]])
     capacity = align_slots(speculative.required_capacity(prompt.shape[1], config,
