@@ -318,9 +318,11 @@ def tau_run(args) -> list[dict]:
     per_kind = {"doc": [n for n in names if n.startswith("doc")][:args.per_kind],
                 "code": [n for n in names if n.startswith("code")][:args.per_kind]}
     rows = []
+    limit = target.config.max_position_embeddings - args.max_new_tokens
     for length in [int(x) for x in args.lengths.split(",")]:
         for name in per_kind["doc"] + per_kind["code"]:
-            ids = cut_prompt(tokenizer, *sources[name], length)
+            # the context at the end is at most `length` and within the target's positions
+            ids = cut_prompt(tokenizer, *sources[name], min(length, limit))
             ar_tokens = None
             for m in methods:
                 base = m.split("@")[0]
