@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 import zlib
 
 import jax
@@ -197,3 +198,7 @@ def pytest_terminal_summary(terminalreporter):
 
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# adaptive decoding's cost table (decode/cost_model.py): never the user's ~/.cache in tests
+# (inherited by the CLI subprocesses)
+os.environ["DOMINO_JAX_COST_TABLE"] = os.path.join(tempfile.mkdtemp(prefix="domino_costs_"),
+                                                   "cost_model.json")

@@ -85,7 +85,7 @@ def test_cli_stderr_is_quiet_and_ends_with_the_summary(tiny_pair, tmp_path):
     assert "compiling ar (prefill + round loop" in err
     lines = err.strip().splitlines()
     assert lines[-3].split() == ["method", "tokens", "rounds", "tau", "tok/s", "speedup",
-                                 "output"], err
+                                 "verify", "widths", "output"], err
     assert lines[-2].startswith("domino") and lines[-2].endswith("identical to AR"), err
     assert lines[-1].startswith("ar") and lines[-1].endswith("reference"), err
     assert "warning" not in err.lower(), err          # nothing else slipped through
@@ -148,9 +148,11 @@ def test_step_line_and_summary_table():
     table = summary_table(rows, temperature=1.0).splitlines()
     assert table[1].split()[:6] == ["domino", "32", "10", "3.20", "120.0", "2.50x"]
     assert table[1].endswith("differs from AR (expected at T > 0)")
-    assert table[2].split() == ["ar", "32", "32", "1.00", "48.0", "1.00x", "reference"]
+    assert table[2].split() == ["ar", "32", "32", "1.00", "48.0", "1.00x", "-", "reference"]
     plain = summary_table(rows[1:]).splitlines()
-    assert plain[0].split() == ["method", "tokens", "rounds", "tau", "tok/s"]
+    assert plain[0].split() == ["method", "tokens", "rounds", "tau", "tok/s", "verify", "widths"]
+    rows[0]["verify_widths"] = {"1": 7, "3": 3}                # an adaptive run's histogram
+    assert summary_table(rows).splitlines()[1].split()[6:8] == ["1:7", "3:3"]
 
 
 def test_train_bar_postfix():

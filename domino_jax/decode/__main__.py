@@ -26,6 +26,7 @@ from domino_jax.pallas import (ATTENTION_IMPLEMENTATIONS, DEFAULT_PREFILL_CHUNK,
 
 
 DEFAULT_PROMPT = "Explain in three sentences why the sky is blue."
+DEFAULT_WIDTH = "auto"       # --draft-length / --budget of block drafters
 log = logging.getLogger("domino_jax.decode")
 
 
@@ -52,8 +53,22 @@ def build_parser() -> argparse.ArgumentParser:
                    default=NGRAM_DEFAULTS.occurrence,
                    help="ngram: continue the latest (vLLM) or the first (transformers) "
                    "earlier occurrence of the matched suffix")
-    p.add_argument("--budget", type=int, default=16,
-                   help="tree methods: nodes per tree, root excluded (verify width budget+1)")
+    p.add_argument("--budget", type=_auto_or_int("--budget"), default=DEFAULT_WIDTH,
+                   help="tree methods: nodes per tree, root excluded (verify width budget+1); "
+                        "'auto': chosen per round among 0 (an AR step), 4, 8 and 16 by the "
+                        f"cost model and the acceptance seen so far (default {DEFAULT_WIDTH})")
+    p.add_argument("--draft-length", type=_auto_or_int("--draft-length"),
+                   default=DEFAULT_WIDTH,
+                   help="dflash, domino: drafts verified per round (1..the drafter's block); "
+                        "'auto': chosen per round among 0 (an AR step), 2, 4, 8 and the block "
+                        "by the cost model and the acceptance seen so far (default "
+                        f"{DEFAULT_WIDTH})")
+    p.add_argument("--cost-table", default=None, metavar="FILE",
+                   help="auto widths: JSON table of measured round costs (default "
+                        "~/.cache/domino_jax/cost_model.json, or $DOMINO_JAX_COST_TABLE); a "
+                        "missing entry is calibrated once (a few seconds) and stored")
+    p.add_argument("--recalibrate", action="store_true",
+                   help="auto widths: measure the round costs again and update the table")
     p.add_argument("--topm", type=int, default=64,
                    help="dominotree: candidate tokens per depth for the correction (0 = all)")
     p.add_argument("--node-topk", type=int, default=8,
@@ -131,6 +146,36 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _auto_or_int(flag: str):
+    def parse(text: str):
+        if text == "auto":
+            return text
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} takes 'auto' or a positive integer, "
+                                             f"got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{flag} must be 'auto' or >= 1, got {value}")
+        return value
+    return parse
+
+
+def _widths(args, drafter_cls):
+    """``--draft-length`` / ``--budget``: the fixed values handed to the method's options
+    (``auto`` -> the widest: the whole block, budget 16) and whether widths are adaptive."""
+    from domino_jax.decode.drafters import BlockDrafter
+
+    auto = issubclass(drafter_cls, BlockDrafter) and (
+        args.budget if drafter_cls.proposes_trees else args.draft_length) == "auto"
+    fields = {f.name for f in dataclasses.fields(drafter_cls.Options)}
+    if args.draft_length == "auto" and "draft_length" in fields:
+        args.draft_length = 0
+    if args.budget == "auto" and "budget" in fields:
+        args.budget = 16
+    return auto
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)       # before jax picks a backend, transformers loads
@@ -145,6 +190,8 @@ def _run(args) -> int:
     import jax
     import jax.numpy as jnp
 
+    from domino_jax.decode.adaptive import AdaptiveConfig
+    from domino_jax.decode.cost_model import CostModel
     from domino_jax.decode.loading import (default_models, encode_prompt, load_pair,
                                            load_tokenizer, stop_token_ids)
     from domino_jax.decode.methods import drafter_class, method_options
@@ -163,13 +210,14 @@ def _run(args) -> int:
     if not drafter_cls.needs_checkpoint and args.draft:
         raise ValueError(f"--method {method} uses no drafter checkpoint: drop --draft")
     uses_draft = drafter_cls.needs_checkpoint
+    auto = _widths(args, drafter_cls)
     options = method_options(method, **_given_options(args, drafter_cls.Options))
     prefill = PrefillConfig(chunk=args.prefill_chunk, attention=args.prefill_attention)
     config = DecodeConfig(                            # every option checked before loading
         method=method, max_new_tokens=args.max_new_tokens,
         sampling=SamplingConfig(args.temperature, args.top_k, args.top_p),
         draft_policy=args.draft_policy, draft_temperature=args.draft_temperature,
-        verify=args.verify, prefill=prefill)
+        verify=args.verify, prefill=prefill, adaptive=AdaptiveConfig() if auto else None)
     mesh = tensor_parallel_mesh(args.tensor_parallel, target_dir,   # before any weights
                                 draft_dir if uses_draft else None)
     dtype = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}.get(
@@ -206,7 +254,9 @@ def _run(args) -> int:
     with mesh_context(mesh):
         decode_and_report(target, target_params, drafter, draft_params, prompts, texts,
                           tokenizer, config, seed=args.seed, compare_ar=args.compare_ar,
-                          stream_rounds=args.stream_rounds, as_json=args.json)
+                          stream_rounds=args.stream_rounds, as_json=args.json,
+                          cost_model=CostModel(path=args.cost_table,
+                                               recalibrate=args.recalibrate))
     return 0
 
 
@@ -224,7 +274,7 @@ def tensor_parallel_mesh(n: int, target_dir: str, draft_dir: str | None):
 
 
 # the flags of the methods' options: option field -> flag (a flag's dest is the field's name)
-OPTION_FLAGS = {"budget": "--budget", "topm": "--topm", "node_topk": "--node-topk",
+OPTION_FLAGS = {"budget": "--budget", "draft_length": "--draft-length", "topm": "--topm", "node_topk": "--node-topk",
                 "head_topm": "--head-topm", "context_window": "--draft-window",
                 "max_ngram": "--ngram-max", "min_ngram": "--ngram-min",
                 "num_tokens": "--ngram-tokens", "occurrence": "--ngram-occurrence",

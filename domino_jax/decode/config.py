@@ -6,6 +6,8 @@ import dataclasses
 import math
 from typing import Any
 
+from domino_jax.decode.adaptive import AdaptiveConfig
+from domino_jax.decode.drafters import BlockDrafter
 from domino_jax.decode.methods import drafter_class
 from domino_jax.decode.prefill import PrefillConfig
 from domino_jax.decode.sampling import SamplingConfig
@@ -24,7 +26,10 @@ class DecodeConfig:
     drafts are chosen (``"greedy"`` or ``"sample"`` at ``draft_temperature``).
     ``capacity``: target cache slots (``None``: just enough, aligned). ``prefill``: how
     prompts are prefilled (chunked above ``prefill.chunk`` tokens,
-    :mod:`domino_jax.decode.prefill`).
+    :mod:`domino_jax.decode.prefill`). ``adaptive``: the verify width chosen per round
+    (draft length / tree budget, down to a plain AR step) by a cost model and the observed
+    acceptance (:mod:`domino_jax.decode.adaptive`; block drafters only); ``None``: every
+    round verifies the drafter's full width.
     """
 
     method: str = "ar"
@@ -36,6 +41,7 @@ class DecodeConfig:
     stop_token_ids: tuple[int, ...] = ()
     capacity: int | None = None        # target cache slots; None = just enough
     prefill: PrefillConfig = PrefillConfig()   # chunked above prefill.chunk prompt tokens
+    adaptive: AdaptiveConfig | None = None     # per-round verify width (decode/adaptive.py)
 
     def __post_init__(self):
         drafter = drafter_class(self.method)
@@ -46,6 +52,10 @@ class DecodeConfig:
                              f"{' or '.join(map(repr, drafter.draft_policies))} only (got "
                              f"{self.draft_policy!r})")
         object.__setattr__(self, "verify", verify_rule(self.verify))
+        if self.adaptive is not None and not issubclass(drafter, BlockDrafter):
+            raise ValueError(f"adaptive widths (--draft-length/--budget auto) take a block "
+                             f"drafter method (dflash, domino, ddtree, dominotree), not "
+                             f"{self.method!r}")
         if drafter.proposes_trees and not getattr(self.verify, "verifies_trees", False):
             raise ValueError(f"method {self.method!r} verifies with 'match' (sample-and-walk) "
                              "only: best-first trees define no draft distribution for "

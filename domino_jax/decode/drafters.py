@@ -40,14 +40,21 @@ class BlockOptions:
     """Options of every block drafter. ``context_window``: the draft layers read at most the
     last ``W`` context positions (a sliding window, ``--draft-window``: draft cost stops
     growing with the context; drafts change only once the context exceeds ``W``); ``None``:
-    the checkpoint's layout (full attention unless it declares sliding layers)."""
+    the checkpoint's layout (full attention unless it declares sliding layers).
+    ``draft_length``: draft positions used per round, ``1..K`` (``--draft-length N``; the
+    first ``N`` of the block: the LM head and the Domino head run over ``N`` rows); ``0``:
+    all ``K``. Adaptive widths (``--draft-length auto``) are :mod:`domino_jax.decode.adaptive`."""
 
     context_window: int | None = None
+    draft_length: int = 0
 
     def __post_init__(self):
         if self.context_window is not None and self.context_window < 1:
             raise ValueError(f"draft context window (--draft-window) must be >= 1 position, "
                              f"got {self.context_window}")
+        if self.draft_length < 0:
+            raise ValueError(f"draft length (--draft-length) must be >= 1 (0 = the whole "
+                             f"block), got {self.draft_length}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,8 +67,13 @@ class BlockDrafter(Drafter):
     config: DraftConfig
     target: TargetLM
     options: BlockOptions = BlockOptions()
+    context_slack: int = 0        # extra context rows (the adaptive loop's AR rounds append)
 
     def __post_init__(self):
+        if self.options.draft_length > self.config.k_draft:
+            raise ValueError(f"draft length must be in 1..{self.config.k_draft} (the "
+                             f"checkpoint's draft positions per block), got "
+                             f"{self.options.draft_length}")
         if self.needs_head and not self.config.has_domino_head:
             raise ValueError(f"method {self.method!r} needs a Domino checkpoint (projector_type "
                              "'domino' with prefix_gru/embed_proj tensors); this drafter is "
@@ -80,8 +92,9 @@ class BlockDrafter(Drafter):
 
     @property
     def num_positions(self) -> int:
-        """``K`` draft positions per block: all B slots with ``shift_label``, else 1..B-1."""
-        return self.config.k_draft
+        """``K`` draft positions per block: all B slots with ``shift_label``, else 1..B-1
+        (the first ``options.draft_length`` of them when set)."""
+        return self.options.draft_length or self.config.k_draft
 
     @property
     def num_drafts(self) -> int:
@@ -101,7 +114,8 @@ class BlockDrafter(Drafter):
     def new_context_cache(self, batch: int, capacity: int):
         """An empty draft cache for a target cache of ``capacity`` slots: the prompt
         context and one round of (context rows + block) scratch."""
-        slots = align_slots(capacity + self.max_commit + self.config.block_size)
+        slots = align_slots(capacity + self.max_commit + self.context_slack
+                            + self.config.block_size)
         return dflash.new_draft_cache(self.config, batch, slots, self.target.dtype)
 
     def embed(self, target_params, tokens):
@@ -132,12 +146,19 @@ class BlockDrafter(Drafter):
         ``chunk.positions``, contiguous from the cache's length) to the draft cache: one
         backbone forward with a dummy block after them. The context K/V of a row depend on
         that row alone, so chunks commit what one call over the whole prompt would."""
-        features = self.context_features(chunk.out)
-        embeds, block_pos = self.block_inputs(target_params, jnp.zeros_like(chunk.lengths),
-                                              chunk.positions[:, 0] + chunk.lengths,
-                                              draft_params)
+        return self.ingest_features(target_params, draft_params,
+                                    self.context_features(chunk.out), chunk.positions,
+                                    chunk.lengths, draft_cache)
+
+    def ingest_features(self, target_params, draft_params, features, positions, lengths,
+                        draft_cache):
+        """Commit the first ``lengths[b]`` rows of context ``features [B, T, F]`` (at
+        ``positions [B, T]``, contiguous from the cache's length) to the draft cache (also
+        the adaptive loop's flush of the rows its AR rounds buffered)."""
+        embeds, block_pos = self.block_inputs(target_params, jnp.zeros_like(lengths),
+                                              positions[:, 0] + lengths, draft_params)
         _, draft_cache = self.backbone.apply({"params": draft_params["backbone"]}, features,
-                                             chunk.positions, chunk.lengths, embeds, block_pos,
+                                             positions, lengths, embeds, block_pos,
                                              draft_cache)
         return draft_cache
 

@@ -8,9 +8,12 @@ On stderr (human mode): one line per compiled method (``compiling domino (prefil
 loop, batch 1, prompt 64) ... 9.2 s``), then the text streams on stdout (batch 1) or a tqdm
 bar counts tokens (batch > 1), then a table::
 
-    method  tokens  rounds   tau  tok/s  speedup  output
-    domino      32      28  1.11    1.5    0.58x  identical to AR
-    ar          32      31  1.00    2.5    1.00x  reference
+    method  tokens  rounds   tau  tok/s  speedup  verify widths  output
+    domino      32      28  1.11    2.4    0.98x  1:25 3:3       identical to AR
+    ar          32      31  1.00    2.5    1.00x  1:31           reference
+
+(``verify widths``: rows verified per round, and how many rounds ran at each; an adaptive
+run chooses them per round, ``decode/adaptive.py``.)
 
 With ``as_json`` nothing but one JSON object goes to stdout (:func:`decode_and_report`'s
 return value: the outputs and :func:`method_stats` per method); the compile lines stay on
@@ -33,6 +36,8 @@ def method_stats(method: str, result, ar=None) -> dict[str, Any]:
     ``identical_to_ar`` (every row token for token)."""
     stats = dict(method=method, new_tokens=result.new_tokens, rounds=int(result.rounds.sum()),
                  tau=round(result.tau, 4), verify_width=int(result.verify_width),
+                 verify_widths={str(w): n for w, n in sorted(result.verify_widths.items())},
+                 cost_model=result.cost_source or None,
                  tokens_per_second=round(result.tokens_per_second, 2),
                  prefill_seconds=round(result.prefill_seconds, 4),
                  decode_seconds=round(result.decode_seconds, 4))
@@ -46,25 +51,28 @@ def method_stats(method: str, result, ar=None) -> dict[str, Any]:
 def summary_table(rows: Sequence[dict], temperature: float = 0.0) -> str:
     """The human summary of :func:`method_stats` rows (the AR row, if any, last)."""
     compared = any("speedup_over_ar" in r for r in rows)
-    head = ["method", "tokens", "rounds", "tau", "tok/s"] + (["speedup", "output"] if compared
-                                                              else [])
+    head = (["method", "tokens", "rounds", "tau", "tok/s"] + (["speedup"] if compared else [])
+            + ["verify widths"] + (["output"] if compared else []))
     lines = [head]
     for r in rows:
         line = [r["method"], str(r["new_tokens"]), str(r["rounds"]), f"{r['tau']:.2f}",
                 f"{r['tokens_per_second']:.1f}"]
+        widths = " ".join(f"{w}:{n}" for w, n in r.get("verify_widths", {}).items()) or "-"
         if compared:
             if "speedup_over_ar" in r:
                 same = r["identical_to_ar"]
-                line += [f"{r['speedup_over_ar']:.2f}x",
+                line += [f"{r['speedup_over_ar']:.2f}x", widths,
                          "identical to AR" if same else
                          "differs from AR" + ("" if temperature == 0 else
                                               " (expected at T > 0)")]
             else:
-                line += ["1.00x" if r["method"] == "ar" else "-", "reference"
+                line += ["1.00x" if r["method"] == "ar" else "-", widths, "reference"
                          if r["method"] == "ar" else "-"]
+        else:
+            line.append(widths)
         lines.append(line)
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    left = {0, len(head) - 1} if compared else {0}       # text columns; numbers right
+    left = {0, len(head) - 2, len(head) - 1} if compared else {0, len(head) - 1}   # text
     fmt = lambda line: "  ".join(c.ljust(w) if i in left else c.rjust(w)
                                  for i, (c, w) in enumerate(zip(line, widths))).rstrip()
     return "\n".join(fmt(line) for line in lines)
@@ -122,21 +130,25 @@ class TokenBar:
 def decode_and_report(target, target_params, drafter, draft_params, prompts: Sequence,
                       texts: Sequence[str], tokenizer, config, seed: int = 0,
                       compare_ar: bool = False, stream_rounds: int = 8,
-                      as_json: bool = False, out=None, err=None) -> dict[str, Any]:
+                      as_json: bool = False, out=None, err=None, cost_model=None,
+                      timing_reps: int = 2) -> dict[str, Any]:
     """Compile, generate (streaming / progress bar), optionally compile and time AR, print
     and return the
     record ``{"outputs": [{"prompt", "text", "tokens"}], "methods": [method_stats...],
     "config": ...}``.
 
     With ``compare_ar`` (and a method other than AR): AR runs on the same prompts with the
-    same sampling, then the method once more without streaming, so both timings are of
-    warm, unstreamed loops. ``stream_rounds`` = rounds per progress chunk (0 = none).
+    same sampling, then the method once more without streaming, ``timing_reps`` times
+    alternately, and the faster run of each is reported (warm, unstreamed loops; a busy
+    machine only ever slows a run down). ``stream_rounds`` = rounds per progress chunk (0 =
+    none). ``cost_model``: where an adaptive run's round costs come from
+    (:class:`~domino_jax.decode.cost_model.CostModel`; default: the cached table).
     """
     from domino_jax.decode.speculative import generate
 
     out, err = out or sys.stdout, err or sys.stderr
     method = config.method
-    ar_config = dataclasses.replace(config, method="ar")
+    ar_config = dataclasses.replace(config, method="ar", adaptive=None)
     compare = compare_ar and method != "ar"
     compile_methods(target, target_params, prompts, [(method, config, drafter, draft_params)],
                     seed, err)
@@ -146,7 +158,8 @@ def decode_and_report(target, target_params, drafter, draft_params, prompts: Seq
         progress = (Streamer(tokenizer, out) if len(prompts) == 1 and not as_json else
                     TokenBar(len(prompts), config.max_new_tokens, method))
     result = generate(target, target_params, prompts, config, drafter, draft_params,
-                      seed=seed, chunk_rounds=stream_rounds or None, on_chunk=progress)
+                      seed=seed, chunk_rounds=stream_rounds or None, on_chunk=progress,
+                      cost_model=cost_model)
     if progress is not None:
         progress.finish(result.tokens)
     outputs = [dict(prompt=text, text=tokenizer.decode(toks, skip_special_tokens=True),
@@ -159,9 +172,13 @@ def decode_and_report(target, target_params, drafter, draft_params, prompts: Seq
         compile_methods(target, target_params, prompts, [("ar", ar_config, None, None)], seed,
                         err)
         with step("timing", method, "against ar (warm, unstreamed)", stream=err):
-            ar = generate(target, target_params, prompts, ar_config, seed=seed)
-            result = generate(target, target_params, prompts, config, drafter, draft_params,
-                              seed=seed)
+            ars, runs = [], []
+            for _ in range(max(timing_reps, 1)):
+                ars.append(generate(target, target_params, prompts, ar_config, seed=seed))
+                runs.append(generate(target, target_params, prompts, config, drafter,
+                                     draft_params, seed=seed, cost_model=cost_model))
+            fastest = lambda rs: max(rs, key=lambda r: r.tokens_per_second)
+            ar, result = fastest(ars), fastest(runs)
         rows = [method_stats(method, result, ar), method_stats("ar", ar)]
     record = dict(outputs=outputs, methods=rows,
                   config=json.loads(json.dumps(dataclasses.asdict(config), default=str)))

@@ -29,7 +29,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from domino_jax.decode import adaptive as adaptive_lib
 from domino_jax.decode.config import DecodeConfig
+from domino_jax.decode.cost_model import CostModel, cost_key
 from domino_jax.decode.contract import DecodeState, Drafter
 from domino_jax.decode.methods import METHODS, drafter_class, make_drafter
 from domino_jax.decode.prefill import check_context_length
@@ -48,8 +50,11 @@ class GenerateResult:
     accept_hist: np.ndarray      # [B, W + 1]; index n = rounds that committed n tokens
     prefill_seconds: float
     decode_seconds: float
-    verify_width: int
+    verify_width: int               # verify rows per round (adaptive: the widest arm's)
     compile_seconds: float = 0.0    # AOT compile time of this call (0 when cached)
+    verify_widths: dict = dataclasses.field(default_factory=dict)   # {verify rows: rounds}
+    calibration_seconds: float = 0.0   # adaptive: the cost model's calibration (0: table)
+    cost_source: str = ""              # adaptive: where the per-arm costs came from
 
     @property
     def new_tokens(self) -> int:
@@ -84,6 +89,9 @@ def precision_scope(target: TargetLM):
 
 _prefill_jit = jax.jit(prefill, static_argnums=(0, 1, 2, 8))
 _rounds_jit = jax.jit(decode_rounds, static_argnums=(0, 1, 2), donate_argnums=(5,))
+_adaptive_prefill_jit = jax.jit(adaptive_lib.prefill, static_argnums=(0, 1, 2, 8))
+_adaptive_rounds_jit = jax.jit(adaptive_lib.adaptive_rounds, static_argnums=(0, 1, 2),
+                               donate_argnums=(5,))
 
 
 def prompt_bucket(length: int) -> int:
@@ -121,10 +129,14 @@ class _Prepared(NamedTuple):
     prompt: jax.Array             # [B, T] right-padded prompts (T bucketed)
     prompt_len: jax.Array         # [B] int32 prompt lengths
     key: jax.Array                # PRNGKey(seed)
-    num_drafts: int               # verify rows per round - 1 (0 for AR)
+    num_drafts: int               # verify rows per round - 1 (0 for AR; adaptive: the widest)
     prefill_fn: Any               # (target_params, draft_params, prompt, prompt_len, key) -> state
-    rounds_fn: Any                # (target_params, draft_params, state, max_rounds) -> state
+    rounds_fn: Any                # (target_params, draft_params, state, max_rounds) -> state;
+    #                               adaptive: (..., state, policy, max_rounds) -> (state, policy)
     compile_seconds: float        # see :func:`precompile`
+    drafter: Any = None           # the drafter the programs run (adaptive: its base drafter)
+    capacity: int = 0             # target cache slots
+    widths: tuple[int, ...] | None = None   # adaptive arms (None: a fixed width)
 
 
 def _resolve_drafter(target: TargetLM, config: DecodeConfig, drafter) -> Drafter:
@@ -148,6 +160,10 @@ def _prepare(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
     """Validate, pad, size the cache and fetch (or compile) the programs: everything
     :func:`generate` does before running anything (shared with :func:`precompile`)."""
     drafter = _resolve_drafter(target, config, drafter)
+    widths = None
+    if config.adaptive is not None:       # the loop's state is sized by the widest arm
+        widths = adaptive_lib.resolve_widths(config.adaptive, drafter)
+        drafter = adaptive_lib.base_drafter(drafter, config.adaptive)
     check_context_length(target.config, [len(p) for p in prompts], config.max_new_tokens)
     prompt, prompt_len = pad_prompts(prompts)
     num_drafts = drafter.verify_width - 1                                 # verify rows - root
@@ -164,7 +180,7 @@ def _prepare(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
     prefill_fn, rounds_fn, compile_seconds = _compiled(
         target, drafter, config, target_params, draft_params, prompt, prompt_len, key, capacity)
     return _Prepared(prompt, prompt_len, key, num_drafts, prefill_fn, rounds_fn,
-                     compile_seconds)
+                     compile_seconds, drafter, capacity, widths)
 
 
 def precompile(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
@@ -190,7 +206,8 @@ def precompile(target: TargetLM, target_params, prompts: Sequence[Sequence[int]]
 
 def generate(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
              config: DecodeConfig, drafter=None, draft_params=None, seed: int = 0,
-             chunk_rounds: int | None = None, on_chunk=None) -> GenerateResult:
+             chunk_rounds: int | None = None, on_chunk=None,
+             cost_model: CostModel | None = None) -> GenerateResult:
     """Generate for a batch of token-id prompts (lists may differ in length).
 
     ``on_chunk(tokens_so_far: list[list[int]])`` is called after each chunk of
@@ -200,26 +217,68 @@ def generate(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
     Prompts padded to more than ``config.prefill.chunk`` tokens are prefilled in chunks
     (:mod:`domino_jax.decode.prefill`: memory linear in the prompt).
     The programs are compiled on first use (``compile_seconds`` of the result) or taken from
-    the cache that :func:`precompile` fills.
+    the cache that :func:`precompile` fills. With ``config.adaptive``, ``cost_model`` says
+    where the per-arm round costs come from (default: the cached table, calibrated on first
+    use, :mod:`domino_jax.decode.cost_model`); the calibration's time is reported apart
+    (``calibration_seconds``, not in ``decode_seconds``).
     """
     prep = _prepare(target, target_params, prompts, config, drafter, draft_params, seed)
     prompt, prompt_len, key = prep.prompt, prep.prompt_len, prep.key
     t0 = time.perf_counter()
     state = prep.prefill_fn(target_params, draft_params, prompt, prompt_len, key)
     jax.block_until_ready(state)
+    prefill_seconds = time.perf_counter() - t0
+    policy, calibration_seconds, cost_source = None, 0.0, ""
+    if prep.widths is not None:
+        policy, calibration_seconds, cost_source = _start_policy(
+            prep, target, config, target_params, draft_params, state, cost_model)
     t1 = time.perf_counter()
     limit = chunk_rounds or (config.max_new_tokens + 1)
     while True:
-        state = prep.rounds_fn(target_params, draft_params, state, jnp.int32(limit))
+        if policy is None:
+            state = prep.rounds_fn(target_params, draft_params, state, jnp.int32(limit))
+        else:
+            state, policy = prep.rounds_fn(target_params, draft_params, state, policy,
+                                           jnp.int32(limit))
         done = bool(jnp.all(state.done))      # one host sync per chunk
         if on_chunk is not None:
             on_chunk(_trim(state, config))
         if done:
             break
     t2 = time.perf_counter()
-    return GenerateResult(_trim(state, config), np.asarray(state.rounds),
-                          np.asarray(state.accept_hist), t1 - t0, t2 - t1, prep.num_drafts + 1,
-                          prep.compile_seconds)
+    rounds = np.asarray(state.rounds)
+    if policy is None:
+        widths = {prep.num_drafts + 1: int(rounds.max(initial=0))}
+    else:
+        widths = adaptive_lib.width_histogram(prep.widths, np.asarray(policy.arm_rounds))
+    return GenerateResult(_trim(state, config), rounds, np.asarray(state.accept_hist),
+                          prefill_seconds, t2 - t1, prep.num_drafts + 1, prep.compile_seconds,
+                          widths, calibration_seconds, cost_source)
+
+
+def _start_policy(prep: _Prepared, target, config: DecodeConfig, target_params, draft_params,
+                  state: DecodeState, cost_model: CostModel | None):
+    """The adaptive loop's first policy state: the per-arm costs from ``cost_model`` (a
+    calibration on copies of the post-prefill ``state`` when needed). Returns ``(policy,
+    calibration seconds, cost source)``."""
+    batch = state.root.shape[0]
+
+    def make(costs, force=-1):
+        return adaptive_lib.init_policy(config.adaptive, prep.drafter, prep.widths, batch,
+                                        costs, force)
+
+    def run_forced(arm: int, rounds: int):
+        copy = jax.tree_util.tree_map(jnp.copy, state)
+        policy = make([1.0] * len(prep.widths), arm)
+        jax.block_until_ready((copy, policy))
+        t0 = time.perf_counter()
+        _, policy = prep.rounds_fn(target_params, draft_params, copy, policy, jnp.int32(rounds))
+        ran = int(policy.arm_rounds.sum())                 # waits for the loop
+        return time.perf_counter() - t0, ran
+
+    key = cost_key(target, prep.drafter, config, prep.widths, batch, prep.capacity)
+    costs, seconds, source = (cost_model or CostModel()).resolve(key, prep.widths, run_forced)
+    return make(costs), seconds, source
 
 
 # (prefill_fn, rounds_fn, compile seconds) per cache key; _PENDING holds an Event per key
@@ -262,15 +321,26 @@ def _compiled(target, drafter, config, target_params, draft_params, prompt, prom
         event.wait()                                # another thread is compiling it
         waited = True
     try:
+        adaptive = config.adaptive
+        prefill_jit = _prefill_jit if adaptive is None else _adaptive_prefill_jit
+        prefill_of = prefill if adaptive is None else adaptive_lib.prefill
         with precision_scope(target):
-            prefill_fn = _prefill_jit.lower(target, drafter, config, target_params, draft_params,
-                                            prompt, prompt_len, key, capacity).compile()
+            prefill_fn = prefill_jit.lower(target, drafter, config, target_params, draft_params,
+                                           prompt, prompt_len, key, capacity).compile()
             state_spec = jax.eval_shape(
-                lambda tp, dp, p, pl, k: prefill(target, drafter, config, tp, dp, p, pl, k,
-                                                 capacity),
+                lambda tp, dp, p, pl, k: prefill_of(target, drafter, config, tp, dp, p, pl, k,
+                                                    capacity),
                 target_params, draft_params, prompt, prompt_len, key)
-            rounds_fn = _rounds_jit.lower(target, drafter, config, target_params, draft_params,
-                                          state_spec, jnp.int32(0)).compile()
+            if adaptive is None:
+                rounds_fn = _rounds_jit.lower(target, drafter, config, target_params,
+                                              draft_params, state_spec, jnp.int32(0)).compile()
+            else:
+                widths = adaptive_lib.resolve_widths(adaptive, drafter)
+                policy_spec = jax.eval_shape(lambda: adaptive_lib.init_policy(
+                    adaptive, drafter, widths, prompt.shape[0], [1.0] * len(widths)))
+                rounds_fn = _adaptive_rounds_jit.lower(
+                    target, drafter, config, target_params, draft_params, state_spec,
+                    policy_spec, jnp.int32(0)).compile()
         seconds = time.perf_counter() - t0
         with _LOCK:
             _COMPILED[cache_key] = (prefill_fn, rounds_fn, seconds)

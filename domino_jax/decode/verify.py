@@ -31,6 +31,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from domino_jax.decode.contract import Proposal
 
@@ -98,6 +99,26 @@ def walk_tree(tree_tokens, tree_parents, tree_valid, samples, max_depth: int):
     return path, accepted, current
 
 
+def forced_walk(tree_parents: jax.Array, tree_valid: jax.Array, count: jax.Array,
+                max_depth: int):
+    """:class:`ForcedAcceptance` on a tree (one row): ``count`` steps from the root, each to
+    the first valid child of the current node (the best-first order), fewer if the tree is
+    shallower. Returns ``(path, accepted, last)`` as :func:`walk_tree` does."""
+    row_parent = tree_parents + 1
+
+    def step(i, carry):
+        path, accepted, current = carry
+        children = tree_valid & (row_parent == current)
+        found = jnp.any(children) & (i < count)
+        nxt = jnp.argmax(children).astype(jnp.int32) + 1
+        current = jnp.where(found, nxt, current)
+        path = path.at[i + 1].set(jnp.where(found, nxt, 0))
+        return path, accepted + found.astype(jnp.int32), current
+
+    init = (jnp.zeros((max_depth + 1,), jnp.int32), jnp.int32(0), jnp.int32(0))
+    return jax.lax.fori_loop(0, max_depth, step, init)
+
+
 # ----------------------------------------------------------------------------- strategies
 
 
@@ -150,6 +171,81 @@ class Rejection:
             return Match().accept(key, proposal, target_log_probs, max_commit)
         return Verdict(*verify_rejection(key, proposal.tokens, target_log_probs,
                                          proposal.log_q), None)
+
+
+def _rate_for_tau(tau: float, width: int) -> float:
+    """The conditional acceptance rate ``a`` per draft with ``(1 - a^(w+1)) / (1 - a) = tau``:
+    the mean tokens per round of ``w`` drafts each accepted with probability ``a`` given the
+    previous ones were."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        tokens = width + 1.0 if mid >= 1.0 else (1 - mid ** (width + 1)) / (1 - mid)
+        lo, hi = (mid, hi) if tokens < tau else (lo, mid)
+    return lo
+
+
+@dataclasses.dataclass(frozen=True)
+class ForcedAcceptance:
+    """**Timing only** (benchmarks with random weights, which accept nothing): rounds accept
+    drafts at a set rate whatever the target says, so what is committed does NOT follow the
+    target's distribution. A verification strategy (``DecodeConfig(verify=ForcedAcceptance(
+    ...))``), not reachable from the CLI; trees walk the first child of each node.
+
+    Row ``r`` of a batch of ``B`` has a mean of ``tau_r`` tokens per round at ``width``
+    drafts: ``tau_r = tau * (1 + spread * (r / (B - 1) - 1/2))`` (rows differ, the batch
+    mean stays ``tau``). ``constant``: every round accepts ``round(tau_r) - 1`` drafts
+    (capped by the drafts verified); otherwise draft ``i`` is accepted with the probability
+    ``a_r`` given drafts ``1..i-1`` were (``(1 - a_r^(width+1)) / (1 - a_r) = tau_r``), so a
+    round of ``k`` drafts commits ``(1 - a_r^(k+1)) / (1 - a_r)`` tokens on average: what
+    the adaptive policy's model of acceptance assumes. The bonus is the target's argmax
+    after the accepted drafts.
+    """
+
+    tau: float
+    width: int = 16
+    spread: float = 0.0
+    constant: bool = False
+
+    def __post_init__(self):
+        if not 1.0 <= self.tau <= self.width + 1:
+            raise ValueError(f"forced tau must be in [1, width + 1 = {self.width + 1}], got "
+                             f"{self.tau}")
+        if not 0.0 <= self.spread < 2.0:
+            raise ValueError(f"spread must be in [0, 2), got {self.spread}")
+
+    def row_taus(self, batch: int) -> np.ndarray:
+        offsets = (np.arange(batch) / max(batch - 1, 1) - 0.5) if batch > 1 else np.zeros(1)
+        return np.clip(self.tau * (1 + self.spread * offsets), 1.0, self.width + 1.0)
+
+    def accepted(self, key: jax.Array, batch: int, num_drafts: int) -> jax.Array:
+        """``[B]`` int32 drafts accepted this round, out of ``num_drafts``."""
+        taus = self.row_taus(batch)
+        if self.constant:
+            fixed = np.minimum(np.round(taus).astype(np.int32) - 1, num_drafts)
+            return jnp.asarray(fixed, jnp.int32)
+        rates = jnp.asarray([_rate_for_tau(t, self.width) for t in taus], jnp.float32)
+        uniform = jax.random.uniform(key, (batch, num_drafts))
+        return _leading_true(uniform < rates[:, None])
+
+    name = "forced"
+    verifies_trees = True
+
+    def accept(self, key: jax.Array, proposal: Proposal, target_log_probs: jax.Array,
+               max_commit: int) -> Verdict:
+        batch, num_drafts = proposal.tokens.shape
+        argmax = jnp.argmax(target_log_probs, axis=-1).astype(jnp.int32)      # [B, N + 1]
+        if proposal.tree is None:
+            accepted = self.accepted(key, batch, num_drafts)
+            bonus = jnp.take_along_axis(argmax, accepted[:, None], axis=1)[:, 0]
+            return Verdict(accepted, bonus, None)
+        depth = max_commit - 1
+        count = self.accepted(key, batch, depth)
+        tree = proposal.tree
+        path, accepted, last = jax.vmap(lambda p, v, c: forced_walk(p, v, c, depth))(
+            tree.parents, tree.valid, count)
+        bonus = jnp.take_along_axis(argmax, last[:, None], axis=1)[:, 0]
+        return Verdict(accepted, bonus, path)
 
 
 VERIFY_RULES = {rule.name: rule for rule in (Match(), Rejection())}

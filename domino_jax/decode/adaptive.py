@@ -1,0 +1,325 @@
+"""Adaptive speculation: the verify width chosen per round, inside the jitted loop.
+
+A policy and a switch around the round. Each round the loop picks one **arm** from a small
+static set and runs that arm's round (``lax.switch`` over one branch per arm, each compiled
+once with static shapes):
+
+* arm width ``0``: a plain AR step (the target reads the root alone), which keeps the
+  drafter's context features of the committed token for later;
+* a chain arm ``k``: the drafter proposes ``k`` drafts (the first ``k`` positions of its
+  block: same backbone forward, the LM head and the Domino head over ``k`` rows only) and
+  the target verifies ``k + 1`` rows;
+* a tree arm ``b``: a best-first tree of budget ``b`` (drafted over ``min(b, K)`` positions,
+  which holds every node a budget-``b`` tree can have).
+
+Verifying fewer drafts, or none, never changes what is committed: every round is the same
+lossless draft -> verify -> commit, only its width differs (tests: greedy equality with AR,
+the T > 0 chi-square tests with ``auto``).
+
+**The policy** maximises expected committed tokens per second of the whole batch:
+
+    value(arm) = sum over live rows of E_row[tokens | arm]  /  cost(arm)
+
+``cost`` (ms per round of each arm at this batch and shape) is the cost model, an input of
+the program (measured by :mod:`domino_jax.decode.cost_model` on first use, or loaded from a
+table). ``E_row`` comes from a running, per-row estimate of the acceptance rate at each draft
+depth ``i`` (the probability that draft ``i`` is accepted given drafts ``1..i-1`` were):
+decayed counts of accepted / observed drafts (``decay`` per observation), shrunk towards the
+estimate of depth ``i - 1`` (depth 1 towards ``prior_rate``) with weight ``prior_weight``, so
+depths never verified inherit the deepest observed rate (optimistic: a wider arm whose
+estimate is too high gets tried and corrected). Chain arms share one set of statistics (a
+``k``-draft chain is the first ``k`` drafts of the full one); each tree budget has its own.
+Then ``E_row = 1 + sum_j prod_{i <= j} rate_i`` over the arm's depths.
+
+When AR wins, no drafts are observed, so the policy **probes**: after ``probe_interval`` AR
+rounds in a row it runs the best speculative arm once; each probe that does not convince
+doubles the interval (``probe_min`` .. ``probe_max``); a round the policy chooses to speculate
+on its own resets it.
+
+The drafter reads the target's features of every committed token. AR rounds append theirs
+to the loop's context buffer (``buffer_slack`` rows beyond one round's commit,
+``BlockDrafter.context_slack``); a speculative round feeds the whole buffer to the drafter.
+When an AR round would overflow the buffer, that round first commits the buffer to the
+draft cache without drafting (``BlockDrafter.ingest_features``: the backbone over the
+context rows and a dummy block, as a chunked prefill commits each chunk; a "flush", not
+counted as an arm).
+
+``PolicyState.force >= 0`` runs that arm every round (cost calibration).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from domino_jax.decode import round as round_lib
+from domino_jax.decode.contract import Proposal
+
+DEFAULT_CHAIN_WIDTHS = (0, 2, 4, 8, 16)
+DEFAULT_TREE_BUDGETS = (0, 4, 8, 16)
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveConfig:
+    """Static settings of adaptive speculation (hashable: part of the jit cache key).
+
+    ``widths``: the arms, sorted, starting with ``0`` (the AR step): draft lengths for chain
+    methods, tree budgets for tree methods; widths above the drafter's maximum are dropped
+    by :func:`resolve_widths`.
+    """
+
+    widths: tuple[int, ...] | None = None     # None: DEFAULT_CHAIN_WIDTHS / _TREE_BUDGETS
+    decay: float = 0.9
+    prior_rate: float = 0.4
+    prior_weight: float = 1.0
+    probe_min: int = 8
+    probe_max: int = 64
+    buffer_slack: int = 16
+
+    def __post_init__(self):
+        if self.widths is not None:
+            if list(self.widths) != sorted(set(self.widths)) or not self.widths \
+                    or self.widths[0] != 0:
+                raise ValueError(f"adaptive widths must be sorted, distinct and start with 0 "
+                                 f"(the AR step), got {self.widths}")
+            if len(self.widths) < 2:
+                raise ValueError("adaptive widths need at least one speculative width")
+        if not 0.0 < self.decay <= 1.0:
+            raise ValueError(f"decay must be in (0, 1], got {self.decay}")
+        if not 0.0 <= self.prior_rate <= 1.0 or self.prior_weight <= 0:
+            raise ValueError("prior_rate must be in [0, 1] and prior_weight > 0")
+        if not 1 <= self.probe_min <= self.probe_max:
+            raise ValueError(f"need 1 <= probe_min <= probe_max, got {self.probe_min}, "
+                             f"{self.probe_max}")
+        if self.buffer_slack < 1:
+            raise ValueError(f"buffer_slack must be >= 1, got {self.buffer_slack}")
+
+
+def _is_tree(drafter) -> bool:
+    return drafter.proposes_trees
+
+
+def resolve_widths(adaptive: AdaptiveConfig, drafter) -> tuple[int, ...]:
+    """The arm widths for ``drafter`` (chain: draft lengths <= its ``num_drafts``; tree:
+    budgets <= its budget, which is always one of them)."""
+    top = drafter.options.budget if _is_tree(drafter) else drafter.num_drafts
+    widths = adaptive.widths or (DEFAULT_TREE_BUDGETS if _is_tree(drafter)
+                                 else DEFAULT_CHAIN_WIDTHS)
+    widths = tuple(w for w in widths if w <= top)
+    if top not in widths:
+        widths = widths + (top,)
+    if len(widths) < 2:
+        raise ValueError(f"no speculative width <= {top} among {adaptive.widths}")
+    return widths
+
+
+def base_drafter(drafter, adaptive: AdaptiveConfig):
+    """The drafter that sizes the loop's state: the widest arm (``drafter`` itself), with
+    the context buffer's slack for AR rounds."""
+    return dataclasses.replace(drafter, context_slack=adaptive.buffer_slack)
+
+
+def buffer_rows(base) -> int:
+    """Rows of the adaptive loop's context buffer: one widest round's commit + the slack."""
+    return base.max_commit + base.context_slack
+
+
+def arm_drafter(base, width: int):
+    """The drafter of one arm (``None`` for the AR step): ``width`` drafts of the same
+    block (chains), or a tree of budget ``width`` over ``min(width, K)`` positions."""
+    if width == 0:
+        return None
+    if _is_tree(base):
+        options = dataclasses.replace(base.options, budget=width,
+                                      draft_length=min(width, base.num_positions))
+    else:
+        options = dataclasses.replace(base.options, draft_length=width)
+    return dataclasses.replace(base, options=options)
+
+
+def arm_groups(base, widths: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """``(group, depth)`` per arm: the acceptance statistics it reads and its longest draft
+    path (AR: group -1, depth 0). Chains share group 0; each tree budget its own group."""
+    out, group = [], 0
+    for w in widths:
+        if w == 0:
+            out.append((-1, 0))
+        elif _is_tree(base):
+            out.append((group, min(w, base.num_positions)))
+            group += 1
+        else:
+            out.append((0, w))
+    return tuple(out)
+
+
+@flax.struct.dataclass
+class PolicyState:
+    """The policy's carry (shapes: ``B`` rows, ``G`` statistic groups, ``D`` draft depths,
+    ``A`` arms)."""
+
+    accepted: jax.Array        # [B, G, D] float32 decayed accepted drafts per depth
+    observed: jax.Array        # [B, G, D] float32 decayed verified drafts per depth
+    costs: jax.Array           # [A] float32 ms per round of each arm (the cost model)
+    force: jax.Array           # int32 scalar: -1 = the policy chooses, else this arm
+    since_spec: jax.Array      # int32 AR rounds since the last speculative round
+    probe_interval: jax.Array  # int32 AR rounds before the next probe
+    arm_rounds: jax.Array      # [A] int32 rounds run per arm
+
+
+def init_policy(adaptive: AdaptiveConfig, base, widths: Sequence[int], batch: int,
+                costs, force: int = -1) -> PolicyState:
+    groups = arm_groups(base, widths)
+    num_groups = max(g for g, _ in groups) + 1
+    depth = max(d for _, d in groups)
+    costs = jnp.asarray(costs, jnp.float32)
+    if costs.shape != (len(widths),):
+        raise ValueError(f"cost model has {costs.shape} entries for {len(widths)} arms "
+                         f"{tuple(widths)}")
+    zeros = jnp.zeros((batch, num_groups, depth), jnp.float32)
+    return PolicyState(zeros, zeros, costs, jnp.int32(force), jnp.int32(0),
+                       jnp.int32(adaptive.probe_min), jnp.zeros((len(widths),), jnp.int32))
+
+
+def acceptance_rates(adaptive: AdaptiveConfig, policy: PolicyState) -> jax.Array:
+    """``[B, G, D]`` estimated acceptance rate of draft ``i`` given drafts ``1..i-1``."""
+    prev = jnp.full(policy.accepted.shape[:2], adaptive.prior_rate, jnp.float32)
+    rates = []
+    for i in range(policy.accepted.shape[2]):
+        prev = ((policy.accepted[:, :, i] + adaptive.prior_weight * prev)
+                / (policy.observed[:, :, i] + adaptive.prior_weight))
+        rates.append(prev)
+    return jnp.stack(rates, axis=2)
+
+
+def expected_tokens(adaptive: AdaptiveConfig, base, widths, policy: PolicyState) -> jax.Array:
+    """``[B, A]`` expected tokens committed by each arm for each row."""
+    survive = jnp.cumsum(jnp.cumprod(acceptance_rates(adaptive, policy), axis=2), axis=2)
+    cols = []
+    for group, depth in arm_groups(base, widths):
+        cols.append(jnp.ones(survive.shape[:1], jnp.float32) if depth == 0
+                    else 1.0 + survive[:, group, depth - 1])
+    return jnp.stack(cols, axis=1)
+
+
+def choose_arm(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, state):
+    """``(arm, probed, flush)``: the arm of this round (int32), whether a probe overrode an
+    AR choice, and whether this AR round must flush the context buffer first."""
+    live = ~state.done
+    tokens = jnp.sum(jnp.where(live[:, None], expected_tokens(adaptive, base, widths, policy),
+                               0.0), axis=0)                               # [A]
+    value = tokens / jnp.maximum(policy.costs, 1e-6)
+    best = jnp.argmax(value).astype(jnp.int32)
+    best_spec = (jnp.argmax(value[1:]) + 1).astype(jnp.int32)
+    rows_after_ar = jnp.where(live, state.context_len + 1, 0)
+    buffer_full = jnp.any(rows_after_ar > state.context.shape[1])
+    chosen = jnp.where(policy.force >= 0, policy.force, best)
+    probe = (chosen == 0) & (policy.force < 0) & (policy.since_spec >= policy.probe_interval)
+    arm = jnp.where(probe, best_spec, chosen)
+    return arm, probe, (arm == 0) & buffer_full
+
+
+def observe(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, arm, probed,
+            before, after) -> PolicyState:
+    """Fold one round's outcome into the statistics: per live row, drafts ``1..accepted``
+    were accepted and draft ``accepted + 1`` (if the arm verified it) was rejected."""
+    groups = arm_groups(base, widths)
+    group_of = jnp.asarray([max(g, 0) for g, _ in groups], jnp.int32)[arm]
+    depth_of = jnp.asarray([d for _, d in groups], jnp.int32)[arm]
+    live = ~before.done
+    accepted = after.target_cache.lengths - before.target_cache.lengths - 1        # [B]
+    depth = jnp.arange(1, policy.accepted.shape[2] + 1)[None, :]                   # [1, D]
+    seen = live[:, None] & (depth <= depth_of) & (depth <= accepted[:, None] + 1)  # [B, D]
+    hit = seen & (depth <= accepted[:, None])
+    in_group = (jnp.arange(policy.accepted.shape[1]) == group_of)[None, :, None]   # [1, G, 1]
+    seen3 = seen[:, None, :] & in_group
+    acc = jnp.where(seen3, adaptive.decay * policy.accepted + hit[:, None, :], policy.accepted)
+    obs = jnp.where(seen3, adaptive.decay * policy.observed + 1.0, policy.observed)
+    speculative = arm > 0
+    interval = jnp.where(probed, jnp.minimum(2 * policy.probe_interval, adaptive.probe_max),
+                         jnp.where(speculative, adaptive.probe_min, policy.probe_interval))
+    return PolicyState(acc, obs, policy.costs, policy.force,
+                       jnp.where(speculative, 0, policy.since_spec + 1), interval,
+                       policy.arm_rounds.at[arm].add(1))
+
+
+def _fit_context(context: jax.Array, width: int) -> jax.Array:
+    """Zero-pad ``context [B, n, F]`` to ``[B, width, F]``."""
+    return jnp.pad(context, ((0, 0), (0, width - context.shape[1]), (0, 0)))
+
+
+def prefill(target, base, config, target_params, draft_params, prompt, prompt_len, key,
+            capacity: int):
+    """:func:`domino_jax.decode.round.prefill` with the context buffer widened to
+    :func:`buffer_rows` (``base``: the loop's :func:`base_drafter`)."""
+    state = round_lib.prefill(target, base, config, target_params, draft_params, prompt,
+                              prompt_len, key, capacity)
+    return state.replace(context=_fit_context(state.context, buffer_rows(base)))
+
+
+def arm_round(target, base, width: int, config, target_params, draft_params, state,
+              flush: bool = False):
+    """One round of the arm of ``width`` (0 = the AR step) on the round contract's stages
+    (:mod:`domino_jax.decode.round`), on the loop's state shapes; ``flush``: commit the
+    context buffer to the draft cache before the AR step."""
+    buffer = state.context.shape[1]
+    key, draft_key, verify_key = jax.random.split(state.key, 3)
+    drafter = arm_drafter(base, width)
+    if drafter is not None:
+        proposal = round_lib.draft(drafter, config, target_params, draft_params, state,
+                                   draft_key)
+        verified = round_lib.verify(target, drafter, config, target_params, state, proposal,
+                                    verify_key)
+        new = round_lib.commit(drafter, config, state, verified, key)
+        return new.replace(context=_fit_context(new.context, buffer))
+    if flush:                # the buffered rows sit just before the root's position
+        positions = ((state.target_cache.lengths - state.context_len)[:, None]
+                     + jnp.arange(buffer, dtype=jnp.int32)[None, :])
+        draft_cache = base.ingest_features(target_params, draft_params, state.context,
+                                           positions, state.context_len, state.draft_cache)
+        state = state.replace(draft_cache=draft_cache,
+                              context_len=jnp.zeros_like(state.context_len))
+    # the AR step: the root alone, verified and committed by the base drafter (its taps),
+    # its features appended to the buffer
+    proposal = Proposal(jnp.zeros((state.root.shape[0], 0), jnp.int32), state.draft_cache)
+    verified = round_lib.verify(target, base, config, target_params, state, proposal,
+                                verify_key)
+    new = round_lib.commit(base, config, state, verified, key)
+    rows = jnp.arange(buffer)[None, :, None]
+    append = (rows == state.context_len[:, None, None]) & (new.context_len[:, None, None] > 0)
+    context = jnp.where(append, new.context[:, :1], state.context)
+    return new.replace(context=context, context_len=state.context_len + new.context_len)
+
+
+def adaptive_rounds(target, drafter, config, target_params, draft_params, state,
+                    policy: PolicyState, max_rounds: jax.Array):
+    """Run adaptive rounds until every row is done or ``max_rounds`` rounds have run;
+    ``drafter`` is the loop's :func:`base_drafter`. Returns ``(state, policy)``."""
+    adaptive = config.adaptive
+    widths = resolve_widths(adaptive, drafter)
+    branches = [lambda s, w=w: arm_round(target, drafter, w, config, target_params,
+                                         draft_params, s) for w in widths]
+    branches.append(lambda s: arm_round(target, drafter, 0, config, target_params,
+                                        draft_params, s, flush=True))
+
+    def cond(carry):
+        state, _, n = carry
+        return (~jnp.all(state.done)) & (n < max_rounds)
+
+    def body(carry):
+        state, policy, n = carry
+        arm, probed, flush = choose_arm(adaptive, drafter, widths, policy, state)
+        new = jax.lax.switch(jnp.where(flush, len(widths), arm), branches, state)
+        policy = observe(adaptive, drafter, widths, policy, arm, probed, state, new)
+        return new, policy, n + 1
+
+    state, policy, _ = jax.lax.while_loop(cond, body, (state, policy, jnp.int32(0)))
+    return state, policy
+
+
+def width_histogram(widths: Sequence[int], arm_rounds) -> dict[int, int]:
+    """``{verify width: rounds}`` (verify width = drafts + 1; trees: budget + 1)."""
+    return {int(w) + 1: int(n) for w, n in zip(widths, arm_rounds) if int(n) > 0}
