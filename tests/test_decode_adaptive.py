@@ -173,6 +173,7 @@ def test_dflash_auto_equals_ar():
     assert _run(target, params, cfg, tiny_draft(cfg, seed=3), MIXED, method="dflash").tokens == ref
 
 
+@pytest.mark.slow
 def test_ar_rounds_feed_the_draft_cache_as_prefill_would():
     """AR forced for 12 rounds (the 4-row buffer slack overflows: flushes), then the buffer's
     rest committed: the draft cache equals the one a prefill over prompt + those tokens
@@ -243,6 +244,7 @@ def small_models():
                 domino=(domino_cfg, tiny_draft(domino_cfg, seed=14, head_scale=3.0)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method,verify,policy", [("domino", "rejection", "sample"),
                                                   ("dflash", "match", "greedy")])
 def test_auto_joint_distribution_chi_square(small_models, method, verify, policy):
@@ -274,6 +276,7 @@ def test_auto_joint_distribution_chi_square(small_models, method, verify, policy
 # ------------------------------------------------------------------- cost table
 
 
+@pytest.mark.slow
 def test_cost_table_calibrates_once_then_reads(tmp_path):
     cfg = draft_config(32, block=4, shift=True, prefix=0, gru=32, emb=32)
     target, params = perm_target(PI, attn_scale=0.3, seed=1)

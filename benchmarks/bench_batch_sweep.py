@@ -1,0 +1,309 @@
+"""Throughput at batch 1-64: AR against each speculative method, fixed width and adaptive.
+
+Two modes, any device:
+
+* ``--mode forced`` (random weights at ``--shape smollm2 | qwen3-8b | tiny``): nothing would
+  be accepted, so the rounds accept drafts at a forced rate
+  (:class:`~domino_jax.decode.verify.ForcedAcceptance`, timing only): for each ``tau`` in
+  ``--taus`` (mean tokens per round at 16 drafts), row ``r`` of a batch has its own rate
+  (``--spread``: the row taus run from ``tau (1 - spread/2)`` to ``tau (1 + spread/2)``) and
+  each draft is accepted with that row's conditional rate, so a round of ``k`` drafts
+  commits fewer tokens than one of 16, as with real drafters.
+* ``--mode real``: the SmolLM2-135M-Instruct demo pair with our trained Domino drafter,
+  ``B`` distinct held-out prompts per batch (one padding bucket), greedy, natural acceptance.
+
+Methods (``--methods``): ``ar``, ``dflash`` / ``domino`` (16 drafts), ``ddtree`` /
+``dominotree`` (budget ``--budget``), and ``<method>-auto``: the same drafter with adaptive
+widths (``decode/adaptive.py``: chains 0/2/4/8/16 drafts, trees budgets 0/4/8/16; the cost
+table is calibrated on first use, excluded from the timings, in ``--cost-table``).
+
+Per batch every task is compiled and run once untimed (warm-up; the adaptive runs' cost
+calibration), then timed ``--reps`` times, the tasks interleaved rep by rep (AR first); reported: decode tokens/s over the batch (medians), ms per
+loop round, ``c`` = round ms / AR step ms, the speedup over AR, tau, and the adaptive runs'
+width histograms. JSON, Markdown and a plot (speedup against batch, one line per method
+and tau) are rewritten after every batch.
+
+    python benchmarks/bench_batch_sweep.py --mode real --batches 1,4,16,32,64      # CPU
+    python benchmarks/bench_batch_sweep.py --mode forced --shape qwen3-8b \\
+        --batches 1,4,16,32,64 --taus 2,4,6,8                                      # H200
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import json
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, REPO)
+sys.path.insert(0, HERE)
+T0 = time.perf_counter()
+CHAIN, TREE = ("dflash", "domino"), ("ddtree", "dominotree")
+
+
+def log(msg: str) -> None:
+    print(f"[{time.perf_counter() - T0:7.1f}s] {msg}", flush=True)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mode", choices=("forced", "real"), default="real")
+    p.add_argument("--shape", choices=("smollm2", "qwen3-8b", "tiny"), default="smollm2")
+    p.add_argument("--batches", default="1,4,16,32,64")
+    p.add_argument("--taus", default="2,4,6,8")
+    p.add_argument("--spread", type=float, default=0.5)
+    p.add_argument("--methods", default="ar,dflash,domino,ddtree,dominotree,dflash-auto,"
+                   "domino-auto,ddtree-auto,dominotree-auto")
+    p.add_argument("--budget", type=int, default=16)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--prompt-len", type=int, default=128, help="forced mode: prompt tokens")
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--cost-table", default=None,
+                   help="adaptive runs' cost table (default: OUT/batch_sweep_costs.json)")
+    p.add_argument("--cost-rounds", type=int, default=3)
+    p.add_argument("--cost-reps", type=int, default=2)
+    p.add_argument("--compile-threads", type=int, default=1)
+    p.add_argument("--time-budget-s", type=float, default=1e9)
+    p.add_argument("--git-commit", default=None)
+    p.add_argument("--out", default=os.environ.get("OUT") or os.path.join(HERE, "results"))
+    args = p.parse_args(argv)
+    args.batches = [int(b) for b in args.batches.split(",")]
+    args.taus = [float(t) for t in args.taus.split(",")] if args.mode == "forced" else [None]
+    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    for m in args.methods:
+        if m != "ar" and m.removesuffix("-auto") not in CHAIN + TREE:
+            p.error(f"unknown method {m!r} in --methods")
+    return args
+
+
+class Models:
+    """Target, draft parameters and one drafter per method (shared weights)."""
+
+    def __init__(self, args):
+        import jax
+        import jax.numpy as jnp
+
+        from domino_jax.decode.loading import DEMO_DRAFT_DIR, default_models, load_pair
+        from domino_jax.decode.methods import make_drafter, method_options
+
+        self.args = args
+        self.dtype = jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+        if args.mode == "real":
+            target_dir, draft_dir = default_models(None, None)
+            self.target, self.tp, base, self.dp = load_pair(target_dir, draft_dir, "domino",
+                                                            self.dtype)
+            self.target_dir = target_dir
+        else:
+            self.target, self.tp, base, self.dp = self._random(args.shape, DEMO_DRAFT_DIR)
+        self.draft_config = base.config
+        self.make = lambda method, **kw: make_drafter(self.draft_config, self.target, method,
+                                                      method_options(method, **kw))
+
+    def _random(self, shape, demo_draft_dir):
+        import jax
+
+        from bench_util import random_params
+        from domino_jax.config import (QWEN3_8B, QWEN3_8B_DOMINO_DRAFT, DraftConfig,
+                                       TargetConfig)
+        from domino_jax.decode.methods import make_drafter
+        from domino_jax.models import dflash, domino_head, qwen3
+        from domino_jax.models.qwen3 import TargetLM
+
+        if shape == "qwen3-8b":
+            tcfg, dcfg = QWEN3_8B, QWEN3_8B_DOMINO_DRAFT
+        else:
+            from domino_jax.demo_model import demo_target_dir
+            tcfg = TargetConfig.from_path(demo_target_dir())
+            dcfg = DraftConfig.from_path(demo_draft_dir)
+            if shape == "tiny":
+                tcfg = dataclasses.replace(tcfg, num_layers=2, vocab_size=512, hidden_size=64,
+                                           num_heads=4, num_kv_heads=2, head_dim=16,
+                                           intermediate_size=128)
+                dcfg = dataclasses.replace(dcfg, vocab_size=512, hidden_size=64, num_heads=4,
+                                           num_kv_heads=2, head_dim=16, intermediate_size=128,
+                                           num_target_layers=2, target_layer_ids=(0, 1),
+                                           mask_token_id=511, emb_dim=16, gru_hidden_dim=32,
+                                           block_size=8)
+        tcfg = dataclasses.replace(tcfg, fused_projections=True)
+        dcfg = dataclasses.replace(dcfg, fused_projections=True)
+        target = TargetLM(tcfg, dtype=self.dtype, param_dtype=self.dtype)
+        tp = random_params(qwen3.param_shapes(tcfg, self.dtype), 0)
+        backbone = random_params(dflash.param_shapes(dcfg, self.dtype), 1)
+        head = random_params(domino_head.head_param_shapes(dcfg, self.dtype), 2)
+        head = domino_head.decode_head(head, tp["embed_tokens"]["embedding"])
+        jax.block_until_ready((tp, backbone, head))
+        return target, tp, make_drafter(dcfg, target, "domino"), {"backbone": backbone,
+                                                                  "head": head}
+
+    def prompts(self, batch: int) -> list[list[int]]:
+        if self.args.mode == "forced":
+            from bench_util import random_prompt
+            return [random_prompt(self.args.prompt_len, self.target.config.vocab_size, 100 + r)
+                    for r in range(batch)]
+        if not hasattr(self, "_pool"):
+            from domino_jax.decode.loading import encode_prompt, load_tokenizer
+            from domino_jax.decode.speculative import prompt_bucket
+            from domino_jax.train.data import build_prompts, is_eval_prompt
+
+            tokenizer = load_tokenizer(self.target_dir)
+            texts = [q for q in build_prompts(4000, seed=123) if is_eval_prompt(q)][:400]
+            ids = [encode_prompt(tokenizer, q) for q in texts]
+            buckets = [prompt_bucket(len(x)) for x in ids]
+            common = max(set(buckets), key=buckets.count)
+            self._pool = [x for x, b in zip(ids, buckets) if b == common]
+            self._stops = (tokenizer.eos_token_id,)
+        return [self._pool[r % len(self._pool)] for r in range(batch)]
+
+    def stops(self) -> tuple[int, ...]:
+        return getattr(self, "_stops", ())
+
+
+def task_config(models, method: str, tau):
+    """``(config, drafter, draft_params)`` of one task."""
+    from domino_jax.decode.adaptive import AdaptiveConfig
+    from domino_jax.decode.speculative import DecodeConfig
+    from domino_jax.decode.verify import ForcedAcceptance
+
+    args = models.args
+    base = method.removesuffix("-auto")
+    auto = method.endswith("-auto")
+    forced = (ForcedAcceptance(tau, width=16, spread=args.spread)
+              if tau is not None and method != "ar" else None)
+    config = DecodeConfig(method=base, max_new_tokens=args.new_tokens,
+                          stop_token_ids=models.stops(), verify=forced or "match",
+                          adaptive=AdaptiveConfig() if auto else None)
+    if base == "ar":
+        return config, None, None
+    options = dict(budget=args.budget) if base in TREE else {}
+    return config, models.make(base, **options), models.dp
+
+
+def markdown(meta: dict, rows: list[dict]) -> str:
+    lines = [f"# Batch sweep {meta['date']} ({meta['device']}, mode {meta['mode']}"
+             + (f", shape {meta['shape']}" if meta["mode"] == "forced" else ", SmolLM2 pair")
+             + f", {meta['new_tokens']} new tokens, commit {meta['git_commit']})", "",
+             f"Medians of {meta['reps']} interleaved runs per task. load average at the start "
+             f"{meta['load_start']}. Adaptive widths: verify width:rounds.", "",
+             "| batch | method | tau (forced) | tok/s | ms / round | c | tau | speedup over AR "
+             "| verify widths |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        hist = " ".join(f"{w}:{n}" for w, n in sorted(r["width_hist"].items(), key=lambda x:
+                                                      int(x[0])))
+        forced = "-" if r["forced_tau"] is None else f"{r['forced_tau']:g}"
+        lines.append(f"| {r['batch']} | {r['method']} | {forced} | "
+                     f"{r['tokens_per_s']:.1f} | {r['ms_per_round']:.1f} | {r['c']:.2f} | "
+                     f"{r['tau']:.2f} | **{r['speedup']:.2f}x** | {hist} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: str) -> bool:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    lines = {}
+    for r in rows:
+        if r["method"] == "ar":
+            continue
+        key = r["method"] + ("" if r["forced_tau"] is None else f" tau {r['forced_tau']:g}")
+        lines.setdefault(key, []).append((r["batch"], r["speedup"]))
+    for key, pts in sorted(lines.items()):
+        xs, ys = zip(*sorted(pts))
+        ax.plot(xs, ys, marker="o", linestyle="--" if "auto" not in key else "-", label=key)
+    ax.axhline(1.0, color="k", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch")
+    ax.set_ylabel("speedup over AR")
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import jax
+
+    from bench_util import git_commit, versions
+    from domino_jax.decode.cost_model import CostModel
+    from domino_jax.decode.speculative import generate, precompile
+
+    stamp = _dt.datetime.now().strftime("%Y-%m-%d_%H%M%S")
+    os.makedirs(args.out, exist_ok=True)
+    cost_model = CostModel(path=args.cost_table or os.path.join(args.out,
+                                                                "batch_sweep_costs.json"),
+                           rounds=args.cost_rounds, reps=args.cost_reps)
+    models = Models(args)
+    dev = jax.devices()[0]
+    meta = dict(date=stamp, git_commit=git_commit(args.git_commit), versions=versions(),
+                device=f"{dev.platform}:{dev.device_kind}", mode=args.mode, shape=args.shape,
+                argv=sys.argv[1:], new_tokens=args.new_tokens, reps=args.reps,
+                spread=args.spread, budget=args.budget, cost_table=cost_model.path,
+                load_start=[round(x, 1) for x in os.getloadavg()], skipped=[],
+                calibration={})
+    rows: list[dict] = []
+    base_name = os.path.join(args.out, f"batch_sweep_{stamp}")
+
+    def write():
+        with open(base_name + ".json", "w") as f:
+            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+        with open(base_name + ".md", "w") as f:
+            f.write(markdown(meta, rows))
+        plot(rows, base_name + ".png")
+
+    for batch in args.batches:
+        if time.perf_counter() - T0 > args.time_budget_s:
+            meta["skipped"].append(f"batch {batch}")
+            continue
+        prompts = models.prompts(batch)
+        tasks = [("ar", None)] + [(m, t) for t in args.taus for m in args.methods if m != "ar"]
+        specs = {task: task_config(models, *task) for task in tasks}
+        for task, (config, drafter, dp) in specs.items():
+            seconds = precompile(models.target, models.tp, prompts, config, drafter, dp)
+            log(f"batch {batch}: compiled {task} in {seconds:.1f} s")
+        for task, (config, drafter, dp) in specs.items():      # untimed: warm, calibrated
+            result = generate(models.target, models.tp, prompts, config, drafter, dp,
+                              cost_model=cost_model)
+            if result.calibration_seconds:
+                meta["calibration"][f"B={batch} {task[0]}"] = result.calibration_seconds
+        samples = {task: [] for task in tasks}
+        for rep in range(args.reps):
+            for task, (config, drafter, dp) in specs.items():
+                result = generate(models.target, models.tp, prompts, config, drafter, dp,
+                                  cost_model=cost_model)
+                loop_rounds = sum(result.verify_widths.values())
+                samples[task].append(dict(
+                    tokens_per_s=result.tokens_per_second, tau=result.tau,
+                    ms_per_round=1e3 * result.decode_seconds / max(loop_rounds, 1),
+                    width_hist=result.verify_widths, cost_source=result.cost_source))
+                log(f"batch {batch} rep {rep} {task}: {result.tokens_per_second:.1f} tok/s, "
+                    f"tau {result.tau:.2f}, widths {result.verify_widths}")
+        ar = statistics.median(s["tokens_per_s"] for s in samples[("ar", None)])
+        ar_ms = statistics.median(s["ms_per_round"] for s in samples[("ar", None)])
+        for (method, tau), runs in samples.items():
+            tps = statistics.median(r["tokens_per_s"] for r in runs)
+            ms = statistics.median(r["ms_per_round"] for r in runs)
+            rows.append(dict(batch=batch, method=method, forced_tau=tau, tokens_per_s=tps,
+                             ms_per_round=ms, c=ms / ar_ms, speedup=tps / ar,
+                             tau=statistics.median(r["tau"] for r in runs),
+                             width_hist={str(k): v for k, v in runs[-1]["width_hist"].items()},
+                             runs=runs))
+        write()
+        log(f"batch {batch} done")
+    meta["seconds"] = time.perf_counter() - T0
+    write()
+    print(markdown(meta, rows))
+
+
+if __name__ == "__main__":
+    main()

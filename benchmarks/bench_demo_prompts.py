@@ -1,0 +1,139 @@
+"""The README demo (``./dev demo --compare-ar``) on several prompts: AR against Domino with
+adaptive widths (``--draft-length auto``, the CLI default) and with the fixed full block.
+
+    python benchmarks/bench_demo_prompts.py                       # the shipped drafter
+    python benchmarks/bench_demo_prompts.py --draft DIR --tag new  # another drafter
+
+Same settings as the demo: the SmolLM2-135M-Instruct target with the bundled (or
+``--draft``) Domino drafter, chat template, greedy, 128 new tokens, float32 on the CPU. Per
+prompt every run is compiled first, then timed ``--reps`` times interleaved (AR first) and
+the fastest run of each kept, as the CLI's ``--compare-ar`` does (a busy machine only ever
+slows a run down). The adaptive cost table is calibrated once per prompt shape (excluded
+from the timings) in ``--cost-table``. Reports the speedup over AR, tau, the verify-width
+histogram and whether the outputs equal AR's, as JSON and Markdown in ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+PROMPTS = (
+    "Explain in three sentences why the sky is blue.",            # the demo's own prompt
+    "Write a short poem about the sea.",
+    "What is 17 times 23? Show your work.",
+    "Write a Python function that reverses a string.",
+    "List five fruits that are red.",
+    "Summarize the plot of Romeo and Juliet in two sentences.",
+)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--draft", default=None, help="drafter folder (default: the bundled one)")
+    p.add_argument("--tag", default="shipped", help="a name for the drafter in the results")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--no-fixed", dest="fixed", action="store_false",
+                   help="skip the fixed-width (16 drafts) run")
+    p.add_argument("--prompts", type=int, default=len(PROMPTS), help="first N prompts")
+    p.add_argument("--cost-table", default=None,
+                   help="default: OUT/demo_prompts_costs.json (calibrated on first use)")
+    p.add_argument("--git-commit", default=None)
+    p.add_argument("--out", default=os.environ.get("OUT") or os.path.join(HERE, "results"))
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import jax
+    import jax.numpy as jnp
+
+    from bench_util import git_commit, versions
+    from domino_jax.decode.adaptive import AdaptiveConfig
+    from domino_jax.decode.config import DecodeConfig
+    from domino_jax.decode.cost_model import CostModel
+    from domino_jax.decode.loading import (default_models, encode_prompt, load_pair,
+                                           load_tokenizer, stop_token_ids)
+    from domino_jax.decode.speculative import generate, precompile
+
+    t_start = time.perf_counter()
+    os.makedirs(args.out, exist_ok=True)
+    target_dir, draft_dir = default_models(None, args.draft)
+    dtype = jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+    target, tp, drafter, dp = load_pair(target_dir, draft_dir, "domino", dtype)
+    tokenizer = load_tokenizer(target_dir)
+    stops = stop_token_ids(tokenizer, target.config, [])
+    base = DecodeConfig(method="domino", max_new_tokens=args.max_new_tokens,
+                        stop_token_ids=stops)
+    runs = {"ar": (dataclasses.replace(base, method="ar"), None, None),
+            "domino auto": (dataclasses.replace(base, adaptive=AdaptiveConfig()), drafter, dp)}
+    if args.fixed:
+        runs["domino 16"] = (base, drafter, dp)
+    cost_model = CostModel(path=args.cost_table or os.path.join(args.out,
+                                                                "demo_prompts_costs.json"))
+    stamp = _dt.datetime.now().strftime("%Y-%m-%d_%H%M%S")
+    dev = jax.devices()[0]
+    meta = dict(date=stamp, git_commit=git_commit(args.git_commit), versions=versions(),
+                device=f"{dev.platform}:{dev.device_kind}", draft=draft_dir, tag=args.tag,
+                max_new_tokens=args.max_new_tokens, reps=args.reps,
+                cost_table=cost_model.path, argv=sys.argv[1:],
+                load_start=[round(x, 1) for x in os.getloadavg()])
+    rows = []
+    for text in PROMPTS[:args.prompts]:
+        prompts = [encode_prompt(tokenizer, text, True)]
+        for config, d, p in runs.values():
+            precompile(target, tp, prompts, config, d, p)
+        best: dict = {}
+        for _ in range(max(args.reps, 1)):
+            for name, (config, d, p) in runs.items():
+                result = generate(target, tp, prompts, config, d, p, cost_model=cost_model)
+                if name not in best or result.tokens_per_second > best[name].tokens_per_second:
+                    best[name] = result
+        ar = best["ar"]
+        for name, result in best.items():
+            rows.append(dict(prompt=text, run=name, new_tokens=result.new_tokens,
+                             tokens_per_s=round(result.tokens_per_second, 2),
+                             tau=round(result.tau, 3),
+                             speedup=round(result.tokens_per_second / ar.tokens_per_second, 3),
+                             identical_to_ar=result.tokens == ar.tokens,
+                             verify_widths={str(w): n for w, n in
+                                            sorted(result.verify_widths.items())},
+                             cost_source=result.cost_source))
+            print(f"{text[:40]!r:44} {name:12} {rows[-1]['tokens_per_s']:6.2f} tok/s  "
+                  f"{rows[-1]['speedup']:.2f}x  tau {rows[-1]['tau']:.2f}  "
+                  f"{rows[-1]['verify_widths']}  identical={rows[-1]['identical_to_ar']}",
+                  flush=True)
+    meta["seconds"] = round(time.perf_counter() - t_start, 1)
+    meta["load_end"] = [round(x, 1) for x in os.getloadavg()]
+    name = os.path.join(args.out, f"demo_prompts_{args.tag}_{stamp}")
+    with open(name + ".json", "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    lines = [f"# The demo on {len(PROMPTS[:args.prompts])} prompts ({stamp}, {meta['device']}, "
+             f"drafter {args.tag}, commit {meta['git_commit']})", "",
+             f"`python benchmarks/bench_demo_prompts.py {' '.join(sys.argv[1:])}`: greedy, "
+             f"{args.max_new_tokens} new tokens, fastest of {args.reps} interleaved runs; load "
+             f"average {meta['load_start']} at the start, {meta['load_end']} at the end.", "",
+             "| prompt | run | tok/s | speedup over AR | tau | verify widths | = AR |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        hist = " ".join(f"{w}:{n}" for w, n in r["verify_widths"].items())
+        lines.append(f"| {r['prompt'][:40]} | {r['run']} | {r['tokens_per_s']:.2f} | "
+                     f"**{r['speedup']:.2f}x** | {r['tau']:.2f} | {hist} | "
+                     f"{'yes' if r['identical_to_ar'] else 'NO'} |")
+    with open(name + ".md", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print(f"wrote {name}.json/.md")
+
+
+if __name__ == "__main__":
+    main()
