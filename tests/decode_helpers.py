@@ -258,3 +258,17 @@ def exact_joint_probs(target: TargetLM, params, prompt: list[int], vocab: int,
                       np.float64)
     p = np.exp(logp).reshape(vocab, vocab, 3, vocab)
     return p[0, 0, 0][:, None, None] * p[:, 0, 1][:, :, None] * p[:, :, 2]
+
+
+def assert_first_three_follow_target(target: TargetLM, params, prompt: list[int], vocab: int,
+                                     tokens, sampling) -> None:
+    """Chi-square test of generated rows' first three tokens ``tokens [N, 3]`` against
+    :func:`exact_joint_probs` (cells with < 20 expected pooled; at least 5 degrees of
+    freedom)."""
+    tokens = np.asarray(tokens)
+    counts = np.zeros((vocab, vocab, vocab))
+    np.add.at(counts, tuple(tokens.T), 1)
+    probs = exact_joint_probs(target, params, prompt, vocab, sampling)
+    stat, df, threshold = chi_square_test(counts, probs, min_expected=20.0)
+    assert df >= 5
+    assert stat < threshold, f"chi2 {stat:.1f} >= {threshold:.1f} (df {df})"

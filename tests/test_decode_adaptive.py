@@ -15,9 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from decode_helpers import (chi_square_test, draft_config, exact_joint_probs,
+from decode_helpers import (assert_first_three_follow_target, draft_config,
                             perm_domino_params, perm_target, permutation, reference_greedy,
-                            tiny_draft, tiny_target)
+                            tiny_draft)
+from test_decode_sampling import PROMPT, V, models  # noqa: F401  (the T > 0 tiny pair)
 from domino_jax.decode import adaptive, speculative
 from domino_jax.decode.adaptive import AdaptiveConfig
 from domino_jax.decode.cost_model import CostModel
@@ -229,27 +230,15 @@ def test_tree_budget_auto_equals_ar():
 
 # ------------------------------------------------------------------- T > 0: chi-square
 
-V = 8
-PROMPT = [1, 2, 3, 4]
 ROWS = 1000       # per cost setting; three settings pooled (a mixture of exact samplers)
-
-
-@pytest.fixture(scope="module")
-def small_models():
-    target, params = tiny_target(seed=11, vocab=V, lm_scale=2.5)
-    dflash_cfg = draft_config(V, block=4, method="dflash")                     # K = 3
-    domino_cfg = draft_config(V, block=4, shift=True, prefix=1)                 # K = 4
-    return dict(target=target, params=params,
-                dflash=(dflash_cfg, tiny_draft(dflash_cfg, seed=12)),
-                domino=(domino_cfg, tiny_draft(domino_cfg, seed=14, head_scale=3.0)))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method,verify,policy", [("domino", "rejection", "sample"),
                                                   ("dflash", "match", "greedy")])
-def test_auto_joint_distribution_chi_square(small_models, method, verify, policy):
-    cfg, dparams = small_models[method]
-    target, params = small_models["target"], small_models["params"]
+def test_auto_joint_distribution_chi_square(models, method, verify, policy):
+    cfg, dparams = models[method]
+    target, params = models["target"], models["params"]
     sampling = SamplingConfig(1.0)
     widths = (0, 2, cfg.k_draft)
     config = DecodeConfig(method=method, max_new_tokens=3, sampling=sampling, verify=verify,
@@ -264,13 +253,7 @@ def test_auto_joint_distribution_chi_square(small_models, method, verify, policy
         tokens += result.tokens
         used |= set(result.verify_widths)
     assert len(used) >= 2, used
-    tokens = np.asarray(tokens)
-    counts = np.zeros((V, V, V))
-    np.add.at(counts, tuple(tokens.T), 1)
-    probs = exact_joint_probs(target, params, PROMPT, V, sampling)
-    stat, df, threshold = chi_square_test(counts, probs, min_expected=20.0)
-    assert df >= 5
-    assert stat < threshold, f"chi2 {stat:.1f} >= {threshold:.1f} (df {df})"
+    assert_first_three_follow_target(target, params, PROMPT, V, tokens, sampling)
 
 
 # ------------------------------------------------------------------- cost table
