@@ -259,6 +259,24 @@ def test_auto_joint_distribution_chi_square(models, method, verify, policy):
 # ------------------------------------------------------------------- cost table
 
 
+def test_calibrate_medians_never_fall_with_the_width():
+    from domino_jax.decode.cost_model import calibrate
+
+    times = {0: [5.0, 4.0, 6.0], 1: [3.0, 3.0, 9.0], 2: [8.0, 7.0, 9.0]}     # ms per round
+    calls = {a: 0 for a in times}
+
+    def run_forced(arm, rounds):
+        if rounds == 1:                                   # the untimed warm-up
+            return 1.0, 1
+        value = times[arm][calls[arm]]
+        calls[arm] += 1
+        return value * rounds / 1e3, rounds
+
+    costs, samples = calibrate(run_forced, 3, rounds=2, reps=3)
+    np.testing.assert_allclose(costs, [5.0, 5.0, 8.0])    # arm 1's median 3 lifted to 5
+    assert samples[1] == pytest.approx([3.0, 3.0, 9.0])
+
+
 @pytest.mark.slow
 def test_cost_table_calibrates_once_then_reads(tmp_path):
     cfg = draft_config(32, block=4, shift=True, prefix=0, gru=32, emb=32)

@@ -86,9 +86,10 @@ def _save(path: str, key: str, entry: dict) -> None:
 
 def calibrate(run_forced: Callable[[int, int], tuple[float, int]], num_arms: int,
               rounds: int, reps: int) -> tuple[list[float], list[list[float]]]:
-    """Median ms per round of each arm. ``run_forced(arm, rounds) -> (seconds, rounds run)``
-    runs the loop with ``arm`` forced on a fresh copy of the state; arms are interleaved
-    rep by rep (a shared machine's load drifts), after one untimed warm-up call."""
+    """Median ms per round of each arm (arms sorted by width), made non-decreasing with the
+    width. ``run_forced(arm, rounds) -> (seconds, rounds run)`` runs the loop with ``arm``
+    forced on a fresh copy of the state; arms are interleaved rep by rep (a shared
+    machine's load drifts), after one untimed warm-up call. Returns ``(costs, samples)``."""
     run_forced(0, 1)
     samples: list[list[float]] = [[] for _ in range(num_arms)]
     for _ in range(reps):
@@ -99,7 +100,10 @@ def calibrate(run_forced: Callable[[int, int], tuple[float, int]], num_arms: int
     medians = [statistics.median(s) if s else float("nan") for s in samples]
     if any(m != m for m in medians):     # an arm never ran (rows finished): rows-linear guess
         medians = [float(a + 1) for a in range(num_arms)]
-    return medians, samples
+    # A wider arm does all a narrower one does and more: a lower time is load noise (a shared
+    # machine), which must not make a wide arm look cheap. Costs never fall with the width.
+    monotone = [max(medians[:i + 1]) for i in range(num_arms)]
+    return monotone, samples
 
 
 @dataclasses.dataclass
