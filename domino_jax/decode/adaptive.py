@@ -34,7 +34,8 @@ Then ``E_row = 1 + sum_j prod_{i <= j} rate_i`` over the arm's depths.
 When AR wins, no drafts are observed, so the policy **probes**: after ``probe_interval`` AR
 rounds in a row it runs the best speculative arm once; each probe that does not convince
 doubles the interval (``probe_min`` .. ``probe_max``); a round the policy chooses to speculate
-on its own resets it.
+on its own resets it. The first round the policy would give to AR is a probe (a good
+drafter is seen at once).
 
 The drafter reads the target's features of every committed token. AR rounds append theirs
 to the loop's context buffer (``buffer_slack`` rows beyond one round's commit,
@@ -180,7 +181,9 @@ def init_policy(adaptive: AdaptiveConfig, base, widths: Sequence[int], batch: in
         raise ValueError(f"cost model has {costs.shape} entries for {len(widths)} arms "
                          f"{tuple(widths)}")
     zeros = jnp.zeros((batch, num_groups, depth), jnp.float32)
-    return PolicyState(zeros, zeros, costs, jnp.int32(force), jnp.int32(0),
+    # since_spec = probe_min: the first round the policy would give to AR is a probe, so a
+    # good drafter is seen at once (not after probe_min AR rounds)
+    return PolicyState(zeros, zeros, costs, jnp.int32(force), jnp.int32(adaptive.probe_min),
                        jnp.int32(adaptive.probe_min), jnp.zeros((len(widths),), jnp.int32))
 
 

@@ -3,7 +3,7 @@ shape (:mod:`domino_jax.decode.adaptive`).
 
 On first use at a (device, models, method, batch, cache capacity, arms) key, a short
 calibration runs every arm's round on copies of the real post-prefill state (the same
-compiled adaptive loop with the arm forced), ``reps`` times interleaved, and takes the median
+compiled adaptive loop with the arm forced), ``reps`` times interleaved, and takes the fastest
 ms per round; the result is cached in a JSON table (default
 ``~/.cache/domino_jax/cost_model.json``; the ``DOMINO_JAX_COST_TABLE`` environment variable
 or ``CostModel(path=...)`` names another file). A table written elsewhere (e.g. by
@@ -21,7 +21,6 @@ import datetime
 import json
 import logging
 import os
-import statistics
 import tempfile
 import time
 from typing import Callable, Sequence
@@ -86,8 +85,8 @@ def _save(path: str, key: str, entry: dict) -> None:
 
 def calibrate(run_forced: Callable[[int, int], tuple[float, int]], num_arms: int,
               rounds: int, reps: int) -> tuple[list[float], list[list[float]]]:
-    """Median ms per round of each arm (arms sorted by width), made non-decreasing with the
-    width. ``run_forced(arm, rounds) -> (seconds, rounds run)`` runs the loop with ``arm``
+    """The fastest of ``reps`` timings (ms per round) of each arm (arms sorted by width),
+    made non-decreasing with the width. ``run_forced(arm, rounds) -> (seconds, rounds run)`` runs the loop with ``arm``
     forced on a fresh copy of the state; arms are interleaved rep by rep (a shared
     machine's load drifts), after one untimed warm-up call. Returns ``(costs, samples)``."""
     run_forced(0, 1)
@@ -97,12 +96,13 @@ def calibrate(run_forced: Callable[[int, int], tuple[float, int]], num_arms: int
             seconds, ran = run_forced(arm, rounds)
             if ran > 0:
                 samples[arm].append(1e3 * seconds / ran)
-    medians = [statistics.median(s) if s else float("nan") for s in samples]
-    if any(m != m for m in medians):     # an arm never ran (rows finished): rows-linear guess
-        medians = [float(a + 1) for a in range(num_arms)]
-    # A wider arm does all a narrower one does and more: a lower time is load noise (a shared
-    # machine), which must not make a wide arm look cheap. Costs never fall with the width.
-    monotone = [max(medians[:i + 1]) for i in range(num_arms)]
+    # the fastest timing of each arm: a busy machine only ever slows a run down
+    fastest = [min(s) if s else float("nan") for s in samples]
+    if any(m != m for m in fastest):     # an arm never ran (rows finished): rows-linear guess
+        fastest = [float(a + 1) for a in range(num_arms)]
+    # A wider arm does all a narrower one does and more: a lower time is load noise, which
+    # must not make a wide arm look cheap. Costs never fall with the width.
+    monotone = [max(fastest[:i + 1]) for i in range(num_arms)]
     return monotone, samples
 
 
