@@ -308,3 +308,29 @@ def test_graft_branch_equals_reference():
             assert tuple(branches[i]) in paths                # the whole branch is a path
             shared_seen.add(len(branches[i]) - int(np.asarray(out.valid[i][-reserve:]).sum()))
     assert 0 in shared_seen and max(shared_seen) >= 1
+
+
+def test_heldout_evaluator_lookup_floor(monkeypatch):
+    """The training curve's floor line: ``ngram`` in the held-out evaluator is the CLI's
+    lookup, evaluated once (it does not depend on the drafter) and never the best-checkpoint
+    metric."""
+    from decode_helpers import draft_config
+    from domino_jax.train import evaluate
+
+    target, params = perm_target(PI, attn_scale=0.3, seed=1)
+    cfg = draft_config(32, block=4, method="dflash")
+    evaluator = evaluate.HeldoutEvaluator(target, params, cfg, {"a": RAGGED[:2],
+                                                                "b": RAGGED[2:]},
+                                          ("ngram",), max_new_tokens=MAX_NEW)
+    taus = evaluator(None)["ngram"]
+    direct = generate(target, params, RAGGED, DecodeConfig(method="ngram",
+                                                           max_new_tokens=MAX_NEW),
+                      drafter=NgramDrafter())
+    assert abs(taus[evaluate.ALL] - direct.tau) < 1e-9 and taus[evaluate.ALL] > 1.2
+    monkeypatch.setattr(speculative, "generate", lambda *a, **k: 1 / 0)   # never called again
+    assert evaluator(None)["ngram"] == taus
+    assert evaluate.parse_method("ngram") == ("ngram", {})
+    with pytest.raises(ValueError, match="BUDGET"):
+        evaluate.parse_method("ngram@4")
+    fake = {"ngram": {evaluate.ALL: 9.0}, "ddtree@8": {evaluate.ALL: 2.0}}
+    assert evaluate.best_metric(fake, cfg) == 2.0

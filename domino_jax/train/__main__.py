@@ -118,8 +118,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-max-new-tokens", type=int, default=32)
     p.add_argument("--eval-num-prompts", type=int, default=8, help="prompts per kind")
     p.add_argument("--eval-methods", default=None,
-                   help="comma list of dflash,domino,ddtree,dominotree (ddtree@BUDGET); "
-                        "default: dflash,domino for a Domino drafter, dflash for DFlash")
+                   help="comma list of dflash,domino,ddtree,dominotree (ddtree@BUDGET) and "
+                        "ngram (prompt lookup, the floor; evaluated once); default: "
+                        "dflash,domino for a Domino drafter, dflash for DFlash")
     p.add_argument("--eval-batch-size", type=int, default=None,
                    help="decode rows per batch (default: all prompts, at most 64)")
     add_verbose_flag(p)

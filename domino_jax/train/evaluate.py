@@ -9,7 +9,9 @@
 tau (tokens committed per target forward: accepted drafts + the bonus) is measured with
 :func:`domino_jax.decode.speculative.generate`, greedy (T = 0), the drafter built from the
 current params exactly as :func:`domino_jax.decode.loading.load_pair` builds it from a
-checkpoint (fused decode layout, the Domino head's decode leaves). ``"dflash"`` on a Domino
+checkpoint (fused decode layout, the Domino head's decode leaves). ``"ngram"`` (opt-in) is
+the prompt lookup at the CLI's defaults: no drafter, so it is evaluated once and repeated,
+the floor line of the curve. ``"dflash"`` on a Domino
 drafter drafts the argmax of the same checkpoint's base logits (as
 ``benchmarks/tau_smollm2.py`` does); ``"ddtree"`` / ``"dominotree"`` (optionally
 ``"ddtree@32"`` for a budget) run the tree methods.
@@ -43,6 +45,7 @@ log = logging.getLogger(__name__)
 
 CHAIN_METHODS = ("dflash", "domino")
 TREE_METHODS = ("ddtree", "dominotree")
+LOOKUP_METHODS = ("ngram",)      # prompt lookup: no drafter, the floor a drafter must beat
 ALL = "all"
 
 
@@ -80,9 +83,10 @@ class EvalConfig:
 def parse_method(name: str) -> tuple[str, dict]:
     """``"domino"`` -> ``("domino", {})``; ``"ddtree@32"`` -> ``("ddtree", {"budget": 32})``."""
     method, _, budget = name.partition("@")
-    if method not in CHAIN_METHODS + TREE_METHODS:
+    known = LOOKUP_METHODS + CHAIN_METHODS + TREE_METHODS
+    if method not in known:
         raise ValueError(f"unknown eval method {name!r}; choose from "
-                         f"{', '.join(CHAIN_METHODS + TREE_METHODS)} (trees: 'ddtree@BUDGET')")
+                         f"{', '.join(known)} (trees: 'ddtree@BUDGET')")
     if budget:
         if method not in TREE_METHODS or not budget.isdigit() or int(budget) < 1:
             raise ValueError(f"eval method {name!r}: '@BUDGET' (a positive integer) is for "
@@ -201,6 +205,7 @@ class HeldoutEvaluator:
         size = batch_size or min(len(rows), 64)
         self.batches = [self.prompts[i:i + size] for i in range(0, len(rows), size)]
         self.batch_size = size
+        self._lookup_taus: dict[str, dict[str, float]] = {}   # ngram: the same every eval
 
     def _batches(self):
         for chunk in self.batches:                          # fixed [size, ...] batches
@@ -218,10 +223,16 @@ class HeldoutEvaluator:
         result: dict[str, dict[str, float]] = {}
         for name in self.methods:
             method, options = parse_method(name)
-            config, dparams = draft_decode_layout(self.draft_config, params, self.target_params,
-                                                  method, self.fused)
-            drafter = make_drafter(config, self.target, method,
-                                   method_options(method, **options))
+            if name in self._lookup_taus:
+                result[name] = self._lookup_taus[name]
+                continue
+            if method in LOOKUP_METHODS:            # no drafter: the CLI's default lookup
+                drafter, dparams = make_drafter(None, self.target, method), None
+            else:
+                config, dparams = draft_decode_layout(self.draft_config, params,
+                                                      self.target_params, method, self.fused)
+                drafter = make_drafter(config, self.target, method,
+                                       method_options(method, **options))
             decode = DecodeConfig(method=method, max_new_tokens=self.max_new_tokens,
                                   stop_token_ids=self.stop_token_ids)
             hists = []
@@ -233,6 +244,8 @@ class HeldoutEvaluator:
             taus = {k: pooled_tau(hist[kinds == k]) for k in dict.fromkeys(self.kinds)}
             taus[ALL] = pooled_tau(hist)
             result[name] = taus
+            if method in LOOKUP_METHODS:
+                self._lookup_taus[name] = taus
         return result
 
 
@@ -250,7 +263,8 @@ def heldout_tau(target, target_params, draft_config: DraftConfig, draft_params,
 def best_metric(taus: Mapping[str, Mapping[str, float]], draft_config: DraftConfig) -> float:
     """The number "best checkpoint" ranks by: pooled tau (``"all"``) of the drafter's own
     method (``domino`` for a Domino drafter, else ``dflash``) when evaluated, else of the
-    first method evaluated."""
+    first drafter method evaluated (the lookup, which training does not move, last)."""
     own = "domino" if draft_config.has_domino_head else "dflash"
-    name = own if own in taus else next(iter(taus))
+    drafted = [m for m in taus if parse_method(m)[0] not in LOOKUP_METHODS]
+    name = own if own in taus else (drafted or list(taus))[0]
     return float(taus[name][ALL])
