@@ -39,8 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft", help="HF DFlash/Domino draft checkpoint folder (default: the "
                    "bundled demo drafter when --target is not given)")
     p.add_argument("--method", default=None,
-                   help="ar | ngram | dflash | domino | ddtree | dominotree (default: domino "
-                   "when a drafter is given, else ar; ngram = prompt lookup, no drafter)")
+                   help="ar | ngram | dflash | domino | ddtree | dominotree | dominolookup "
+                   "(default: domino when a drafter is given, else ar; ngram = prompt "
+                   "lookup, no drafter; dominolookup = the Domino chain + the lookup as a "
+                   "two-branch tree)")
     p.add_argument("--ngram-max", dest="max_ngram", type=int, default=NGRAM_DEFAULTS.max_ngram,
                    help="ngram: longest suffix matched against the context")
     p.add_argument("--ngram-min", dest="min_ngram", type=int, default=NGRAM_DEFAULTS.min_ngram,
@@ -53,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
                    default=NGRAM_DEFAULTS.occurrence,
                    help="ngram: continue the latest (vLLM) or the first (transformers) "
                    "earlier occurrence of the matched suffix")
+    p.add_argument("--lookup-branch", type=int, default=None, metavar="G",
+                   help="ddtree, dominotree: on rounds where the prompt lookup matches, graft "
+                        "its G-token continuation into the tree as one more path, in the "
+                        "tree's last G nodes (counted in --budget; default 0 = off; a fixed "
+                        "budget: 'auto' means 16 here); dominolookup: the lookup's G tokens "
+                        "beside the Domino chain (default 4)")
     p.add_argument("--budget", type=_auto_or_int("--budget"), default=DEFAULT_WIDTH,
                    help="tree methods: nodes per tree, root excluded (verify width budget+1); "
                         "'auto': chosen per round among 0 (an AR step), 4, 8 and 16 by the "
@@ -166,9 +174,12 @@ def _widths(args, drafter_cls):
     (``auto`` -> the widest: the whole block, budget 16) and whether widths are adaptive."""
     from domino_jax.decode.drafters import BlockDrafter
 
-    auto = issubclass(drafter_cls, BlockDrafter) and (
-        args.budget if drafter_cls.proposes_trees else args.draft_length) == "auto"
     fields = {f.name for f in dataclasses.fields(drafter_cls.Options)}
+    # adaptive widths: not with the prompt-lookup hybrids (their arms do not graft the lookup)
+    hybrid = "lookup_branch" in fields and (args.lookup_branch is not None
+                                            or "budget" not in fields)
+    auto = issubclass(drafter_cls, BlockDrafter) and not hybrid and (
+        args.budget if drafter_cls.proposes_trees else args.draft_length) == "auto"
     if args.draft_length == "auto" and "draft_length" in fields:
         args.draft_length = 0
     if args.budget == "auto" and "budget" in fields:
@@ -278,7 +289,8 @@ OPTION_FLAGS = {"budget": "--budget", "draft_length": "--draft-length", "topm": 
                 "head_topm": "--head-topm", "context_window": "--draft-window",
                 "max_ngram": "--ngram-max", "min_ngram": "--ngram-min",
                 "num_tokens": "--ngram-tokens", "occurrence": "--ngram-occurrence",
-                "head_kernels": "--head-kernels"}
+                "head_kernels": "--head-kernels",
+                "lookup_branch": "--lookup-branch"}
 
 
 def _given_options(args, options_cls) -> dict:
@@ -291,7 +303,8 @@ def _given_options(args, options_cls) -> dict:
         if name not in fields and getattr(args, name) != defaults.get_default(name):
             raise ValueError(f"{flag} is not an option of --method {args.method or 'the '
                              'default method'}")
-    return {name: getattr(args, name) for name in fields if name in OPTION_FLAGS}
+    return {name: getattr(args, name) for name in fields if name in OPTION_FLAGS
+            and getattr(args, name) is not None}    # None: the method's own default
 
 
 if __name__ == "__main__":

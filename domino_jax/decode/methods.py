@@ -14,10 +14,11 @@ from typing import Any
 from domino_jax.decode.contract import Drafter, NoDrafter
 from domino_jax.decode.drafters import DFlashDrafter, DominoDrafter
 from domino_jax.decode.ngram import NgramDrafter
-from domino_jax.decode.tree_drafters import DDTreeDrafter, DominoTreeDrafter
+from domino_jax.decode.tree_drafters import DDTreeDrafter, DominoLookupDrafter, DominoTreeDrafter
 
 METHODS: dict[str, type[Drafter]] = {cls.method: cls for cls in (
-    NoDrafter, NgramDrafter, DFlashDrafter, DominoDrafter, DDTreeDrafter, DominoTreeDrafter)}
+    NoDrafter, NgramDrafter, DFlashDrafter, DominoDrafter, DDTreeDrafter, DominoTreeDrafter,
+    DominoLookupDrafter)}
 
 
 def register_method(cls: type[Drafter]) -> type[Drafter]:

@@ -198,6 +198,38 @@ def graft_branch(tree, branch: jax.Array, found: jax.Array, reserve: int):
                      valid=valid)
 
 
+def chain_tree(tokens: jax.Array, extra: int) -> DraftTree:
+    """A chain ``tokens [B, K]`` as batched trees ``[B, K + extra]``: node ``i``'s parent is
+    ``i - 1``, at depth ``i``; the last ``extra`` nodes invalid (room for a graft)."""
+    batch, k = tokens.shape
+    n = k + extra
+    node = jnp.arange(n, dtype=jnp.int32)
+    valid = jnp.broadcast_to(node < k, (batch, n))
+    pad = lambda x, fill: jnp.where(valid, x, fill)              # noqa: E731
+    return DraftTree(tokens=pad(jnp.pad(tokens.astype(jnp.int32), ((0, 0), (0, extra))), 0),
+                     depths=pad(jnp.broadcast_to(node, (batch, n)), 0),
+                     parents=pad(jnp.broadcast_to(node - 1, (batch, n)), -1),
+                     scores=pad(jnp.zeros((batch, n), jnp.float32), -jnp.inf),
+                     valid=valid)
+
+
+def graft_lookup(tree: DraftTree, history: jax.Array, root_position: jax.Array,
+                 branch: int, options: "NgramOptions | None" = None) -> DraftTree:
+    """The hybrid drafts: :func:`graft_branch` of the lookup's ``branch`` drafts into the
+    batched trees ``tree [B, N]`` (their last ``branch`` nodes are the graft's budget).
+
+    ``history [B, C]``: the loop's context buffer (``DecodeState.history``), the root at
+    ``root_position [B]`` (``target_cache.lengths``); ``options``: the matcher's settings
+    (``num_tokens`` is replaced by ``branch``; default :data:`NGRAM_DEFAULTS`). Rows whose
+    lookup finds no match keep their tree unchanged."""
+    o = options or NGRAM_DEFAULTS
+    lookup = lookup_drafts(history, root_position + 1, max_ngram=o.max_ngram,
+                           min_ngram=o.min_ngram, num_tokens=branch, occurrence=o.occurrence,
+                           wrap=o.wrap)
+    return jax.vmap(lambda t, b, f: graft_branch(t, b, f, branch))(
+        tree, lookup.drafts, lookup.match_len > 0)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class NgramOptions:
     """``--method ngram``'s options (defaults from ``benchmarks/ngram_smollm2.py``): the

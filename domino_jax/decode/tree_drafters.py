@@ -1,4 +1,5 @@
-"""Tree methods: DDTree and DominoTree drafters (docs/algorithms.md §4, §5).
+"""Tree methods: DDTree and DominoTree drafters (docs/algorithms.md §4, §5), and the
+prompt-lookup hybrids.
 
 Per round, for each row: the block drafter's forward gives the ``K`` draft positions'
 hidden states and base logits (:meth:`~domino_jax.decode.drafters.BlockDrafter.draft_block`,
@@ -7,6 +8,14 @@ shared with the chains); a best-first tree of ``budget`` nodes is built on the d
 in one forward with the tree attention mask, walks the target's samples down the tree
 (``match`` only: best-first trees define no draft distribution per node) and gathers the
 accepted path's K/V into place (:mod:`domino_jax.decode.round`).
+
+Hybrids with the prompt lookup (:mod:`domino_jax.decode.ngram`, issue 18): with
+``lookup_branch = G > 0`` a tree's last ``G`` nodes are the lookup's budget: on rounds
+where the lookup matches, its ``G``-token continuation is grafted in as one more path
+(sharing the prefix the tree already has; :func:`~domino_jax.decode.ngram.graft_branch`),
+otherwise the tree keeps all ``budget`` nodes; the verify width stays ``budget + 1``.
+:class:`DominoLookupDrafter` (``dominolookup``) is the Domino chain plus the lookup block
+as a two-branch tree (verify width ``K + G + 1``).
 """
 
 from __future__ import annotations
@@ -18,21 +27,28 @@ import jax
 
 from domino_jax.decode import tree as tree_lib
 from domino_jax.decode.contract import Proposal
-from domino_jax.decode.drafters import BlockDrafter, BlockOptions
+from domino_jax.decode.drafters import BlockDrafter, BlockOptions, DominoDrafter, DominoOptions
+from domino_jax.decode.ngram import chain_tree, graft_lookup
 from domino_jax.models import domino_head
 from domino_jax.pallas import HEAD_IMPLEMENTATIONS, check_implementation, head_kernels
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TreeOptions(BlockOptions):
-    """``budget``: tree nodes, root excluded (the verify width is ``budget + 1``)."""
+    """``budget``: tree nodes, root excluded (the verify width is ``budget + 1``);
+    ``lookup_branch``: ``G > 0`` reserves the tree's last ``G`` nodes for the prompt
+    lookup's ``G``-token continuation when it matches (module doc); 0 = off."""
 
     budget: int = 16
+    lookup_branch: int = 0
 
     def __post_init__(self):
         super().__post_init__()
         if self.budget < 1:
             raise ValueError(f"tree budget must be >= 1, got {self.budget}")
+        if not 0 <= self.lookup_branch <= self.budget:
+            raise ValueError(f"lookup branch (--lookup-branch) must be 0 (off) .. the tree "
+                             f"budget {self.budget}, got {self.lookup_branch}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -66,13 +82,22 @@ class _TreeDrafter(BlockDrafter):
         return self.options.budget
 
     @property
+    def reads_history(self) -> bool:
+        """The lookup branch searches the loop's context buffer."""
+        return self.options.lookup_branch > 0
+
+    @property
     def max_commit(self) -> int:
-        return min(self.options.budget, self.num_positions) + 1
+        depth = max(self.num_positions, self.options.lookup_branch)   # the branch may be deeper
+        return min(self.options.budget, depth) + 1
 
     def propose(self, target_params, draft_params, state, key, config) -> Proposal:
         del key                                          # best-first trees are deterministic
         hidden, base, draft_cache = self.draft_block(target_params, draft_params, state)
         tree = self.build_tree(target_params, draft_params, state.root, hidden, base)
+        if self.options.lookup_branch:
+            tree = graft_lookup(tree, state.history, state.target_cache.lengths,
+                                self.options.lookup_branch)
         return Proposal(tree.tokens, draft_cache, tree=tree)
 
 
@@ -112,3 +137,46 @@ class DominoTreeDrafter(_TreeDrafter):
             head, self.config, h, b, s, embed_table, opts.budget, node_topk=opts.node_topk,
             topm=opts.topm, kernels=kernels)
         return jax.vmap(build)(hidden, base, root_state)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DominoLookupOptions(DominoOptions):
+    """``lookup_branch``: ``G`` tokens of the prompt lookup proposed beside the chain."""
+
+    lookup_branch: int = 4
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.lookup_branch < 1:
+            raise ValueError(f"lookup branch (--lookup-branch) of dominolookup must be >= 1, "
+                             f"got {self.lookup_branch}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DominoLookupDrafter(DominoDrafter):
+    """``dominolookup``: the Domino chain of ``K`` drafts plus the prompt lookup's ``G``
+    tokens as a second branch of a tree of ``K + G`` nodes (it shares the chain's prefix
+    where they agree; no match: the ``G`` slots are invalid). Verified as a tree
+    (``match``); needs a Domino checkpoint."""
+
+    method: ClassVar[str] = "dominolookup"
+    Options: ClassVar[type] = DominoLookupOptions
+    proposes_trees: ClassVar[bool] = True
+    reads_history: ClassVar[bool] = True
+    options: DominoLookupOptions = DominoLookupOptions()
+
+    @property
+    def num_drafts(self) -> int:
+        return self.num_positions + self.options.lookup_branch
+
+    @property
+    def max_commit(self) -> int:
+        return max(self.num_positions, self.options.lookup_branch) + 1
+
+    def propose(self, target_params, draft_params, state, key, config) -> Proposal:
+        hidden, base, draft_cache = self.draft_block(target_params, draft_params, state)
+        drafts, _ = self.rollout(target_params, draft_params, hidden, base, state.root, key,
+                                 config)
+        g = self.options.lookup_branch
+        tree = graft_lookup(chain_tree(drafts, g), state.history, state.target_cache.lengths, g)
+        return Proposal(tree.tokens, draft_cache, tree=tree)
