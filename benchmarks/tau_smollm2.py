@@ -104,6 +104,10 @@ def main() -> None:
     for b in [int(x) for x in args.budgets.split(",")]:
         methods += [(m, dict(budget=b, lookup_branch=g)) for m in wanted
                     if "budget" in fields[m] for g in branches if g <= b]
+    import hashlib
+
+    with open(os.path.join(draft_dir, "model.safetensors"), "rb") as f:
+        draft_sha = hashlib.sha256(f.read()).hexdigest()
     rows = []
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M%S")
 
@@ -111,7 +115,8 @@ def main() -> None:
         meta = dict(date=stamp, commit=args.git_commit, command=" ".join(sys.argv), device=str(jax.devices()[0].device_kind),
                     jax=jax.__version__, prompts=len(ids), max_new_tokens=args.max_new_tokens,
                     target=os.path.basename(target_dir), draft=draft_dir, kinds=kinds,
-                    ngram=dataclasses.asdict(NGRAM_DEFAULTS), load_average=os.getloadavg())
+                    ngram=dataclasses.asdict(NGRAM_DEFAULTS), load_average=os.getloadavg(),
+                    draft_sha256=draft_sha)
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, f"tau_smollm2_{stamp}.json"), "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=2)
