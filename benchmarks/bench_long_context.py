@@ -294,8 +294,8 @@ def cut_prompt(tokenizer, instruction: str, text: str, length: int) -> list[int]
 
 
 def tau_run(args) -> list[dict]:
-    from domino_jax.decode.loading import (default_models, load_tokenizer, make_drafter,
-                                           stop_token_ids)
+    from domino_jax.decode.loading import default_models, load_tokenizer, stop_token_ids
+    from domino_jax.decode.methods import make_drafter, method_options
     from domino_jax.decode.speculative import DecodeConfig, generate
 
     target_dir, _ = default_models(None, None)
@@ -308,9 +308,11 @@ def tau_run(args) -> list[dict]:
         if m == "ar":
             drafters[m] = None
         elif m.startswith("domino@w"):                  # domino with a context window
-            drafters[m] = dataclasses.replace(domino, context_window=int(m[len("domino@w"):]))
+            drafters[m] = make_drafter(domino.config, target, "domino", method_options(
+                "domino", context_window=int(m[len("domino@w"):])))
         elif m in ("ddtree", "dominotree"):
-            drafters[m] = make_drafter(domino.config, target, m, budget=args.budget)
+            drafters[m] = make_drafter(domino.config, target, m,
+                                       method_options(m, budget=args.budget))
         else:
             drafters[m] = make_drafter(domino.config, target, m)
     sources = long_sources()
