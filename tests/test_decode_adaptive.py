@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from decode_helpers import (assert_first_three_follow_target, draft_config,
-                            perm_domino_params, perm_target, permutation, reference_greedy,
+                            perm_domino_params, perm_target, reference_greedy,
                             tiny_draft)
+from test_decode_greedy import PI, RAGGED  # the greedy tests' permutation pair and ragged rows
 from test_decode_sampling import PROMPT, V, models  # noqa: F401  (the T > 0 tiny pair)
 from domino_jax.decode import adaptive, speculative
 from domino_jax.decode.adaptive import AdaptiveConfig
@@ -30,9 +31,6 @@ from domino_jax.decode.speculative import DecodeConfig, generate
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
-RAGGED = [[3, 4, 5], [7, 1, 2, 9, 10, 6], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22],
-          [0, 1, 30, 2, 8, 9, 25, 26, 5]]
-PI = permutation(32, seed=0)
 MAX_NEW = 20
 AD = AdaptiveConfig(widths=(0, 2, 4), probe_min=2, probe_max=4, buffer_slack=4)
 AR_FAVOURED = CostModel(costs=[1.0, 5.0, 6.0])
