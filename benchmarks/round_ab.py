@@ -16,6 +16,12 @@ Models: the demo pair (SmolLM2-135M-Instruct target, the shipped Domino drafter)
     python benchmarks/round_ab.py hlo --root /tmp/old --out old_hlo.json
     python benchmarks/round_ab.py time --root /tmp/old --out old_time.json
     python benchmarks/round_ab.py compare old_hlo.json new_hlo.json
+    python benchmarks/round_ab.py time-table --old o1.json o2.json --new n1.json n2.json
+
+``time`` on a shared machine measures the load as much as the code: run the two trees
+alternately (old, new, old, new, ...: each ``time`` call a fresh process) and pool them
+with ``time-table``, which prints per method the median decode ms of all old and all new
+calls, their ratio, and whether every call's tokens agree.
 """
 
 from __future__ import annotations
@@ -39,7 +45,9 @@ QUESTIONS = ("Explain in three sentences why the sky is blue.",
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("mode", choices=("hlo", "time", "compare"))
+    p.add_argument("mode", choices=("hlo", "time", "compare", "time-table"))
+    p.add_argument("--old", nargs="*", default=[], help="time-table: the old tree's JSONs")
+    p.add_argument("--new", nargs="*", default=[], help="time-table: the new tree's JSONs")
     p.add_argument("files", nargs="*", help="compare: two JSON files written by 'hlo'")
     p.add_argument("--root", default=os.path.dirname(HERE),
                    help="the tree whose domino_jax is measured (default: this checkout)")
@@ -231,10 +239,42 @@ def compare(files) -> int:
     return 0 if same else 1
 
 
+def time_table(old_files, new_files) -> str:
+    """Markdown: per method, the pooled median decode ms of the old and new ``time`` JSONs
+    (every warm call of every file), new / old, and whether all tokens agree."""
+    if not old_files or not new_files:
+        raise SystemExit("error: time-table needs --old FILE... and --new FILE...")
+    sides = {name: [json.load(open(f)) for f in files]
+             for name, files in (("old", old_files), ("new", new_files))}
+    methods = [m for m in sides["old"][0]["results"]
+               if all(m in r["results"] for rs in sides.values() for r in rs)]
+    lines = ["| method | old decode ms (median of all calls) | new decode ms | new / old | "
+             "calls (old, new) | tokens identical |", "|---|---|---|---|---|---|"]
+    for m in methods:
+        ms = {k: [x for r in rs for x in r["results"][m]["decode_ms"]] for k, rs in sides.items()}
+        toks = [r["results"][m]["tokens"] for rs in sides.values() for r in rs]
+        med = {k: statistics.median(v) for k, v in ms.items()}
+        lines.append(f"| {m} | {med['old']:.0f} | {med['new']:.0f} | "
+                     f"{med['new'] / med['old']:.3f} | {len(ms['old'])}, {len(ms['new'])} | "
+                     f"{all(t == toks[0] for t in toks)} |")
+    loads = {k: [round(r["load_average"][0], 1) for r in rs] for k, rs in sides.items()}
+    lines.append(f"\nLoad average (1 min) at the end of each call: old {loads['old']}, "
+                 f"new {loads['new']}; commits old {sides['old'][0]['commit']}, "
+                 f"new {sides['new'][0]['commit']}.")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.mode == "compare":
         return compare(args.files)
+    if args.mode == "time-table":
+        text = time_table(args.old, args.new)
+        print(text)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(text + "\n")
+        return 0
     sys.path.insert(0, os.path.abspath(args.root))
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     args.methods = [m for m in args.methods.split(",") if m]
