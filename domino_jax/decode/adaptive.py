@@ -46,6 +46,11 @@ context rows and a dummy block, as a chunked prefill commits each chunk; a "flus
 counted as an arm).
 
 ``PolicyState.force >= 0`` runs that arm every round (cost calibration).
+
+**Lookup arms** (chain methods, ``AdaptiveConfig.lookup``): the prompt lookup's ``k``
+tokens verified as a chain, no drafter forward (:mod:`domino_jax.decode.lookup_arm`: arm
+code ``-k``, statistics per matched suffix length, expected tokens 1 on rows without a
+match).
 """
 
 from __future__ import annotations
@@ -57,8 +62,10 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from domino_jax.decode import lookup_arm
 from domino_jax.decode import round as round_lib
 from domino_jax.decode.contract import Proposal
+from domino_jax.decode.ngram import NGRAM_DEFAULTS, NgramOptions
 
 DEFAULT_CHAIN_WIDTHS = (0, 2, 4, 8, 16)
 DEFAULT_TREE_BUDGETS = (0, 4, 8, 16)
@@ -70,7 +77,9 @@ class AdaptiveConfig:
 
     ``widths``: the arms, sorted, starting with ``0`` (the AR step): draft lengths for chain
     methods, tree budgets for tree methods; widths above the drafter's maximum are dropped
-    by :func:`resolve_widths`.
+    by :func:`resolve_widths`. ``lookup``: token counts of the prompt-lookup arms (chain
+    methods; :mod:`domino_jax.decode.lookup_arm`), ``()`` = none; ``lookup_ngram``: their
+    matcher's settings (its ``num_tokens`` is not used).
     """
 
     widths: tuple[int, ...] | None = None     # None: DEFAULT_CHAIN_WIDTHS / _TREE_BUDGETS
@@ -80,8 +89,13 @@ class AdaptiveConfig:
     probe_min: int = 8
     probe_max: int = 64
     buffer_slack: int = 16
+    lookup: tuple[int, ...] = ()
+    lookup_ngram: NgramOptions = NGRAM_DEFAULTS
 
     def __post_init__(self):
+        if list(self.lookup) != sorted(set(self.lookup)) or any(k < 1 for k in self.lookup):
+            raise ValueError(f"adaptive lookup arms must be sorted, distinct token counts "
+                             f">= 1, got {self.lookup}")
         if self.widths is not None:
             if list(self.widths) != sorted(set(self.widths)) or not self.widths \
                     or self.widths[0] != 0:
@@ -106,7 +120,11 @@ def _is_tree(drafter) -> bool:
 
 def resolve_widths(adaptive: AdaptiveConfig, drafter) -> tuple[int, ...]:
     """The arm widths for ``drafter`` (chain: draft lengths <= its ``num_drafts``; tree:
-    budgets <= its budget, which is always one of them)."""
+    budgets <= its budget, which is always one of them), then the lookup arms' codes
+    ``-k`` (:mod:`domino_jax.decode.lookup_arm`)."""
+    if adaptive.lookup and _is_tree(drafter):
+        raise ValueError(f"adaptive lookup arms take a chain method (dflash, domino), not "
+                         f"{drafter.method!r} (its hybrid is --lookup-branch)")
     top = drafter.options.budget if _is_tree(drafter) else drafter.num_drafts
     widths = adaptive.widths or (DEFAULT_TREE_BUDGETS if _is_tree(drafter)
                                  else DEFAULT_CHAIN_WIDTHS)
@@ -115,13 +133,14 @@ def resolve_widths(adaptive: AdaptiveConfig, drafter) -> tuple[int, ...]:
         widths = widths + (top,)
     if len(widths) < 2:
         raise ValueError(f"no speculative width <= {top} among {adaptive.widths}")
-    return widths
+    return widths + lookup_arm.lookup_codes(adaptive.lookup, top)
 
 
 def base_drafter(drafter, adaptive: AdaptiveConfig):
     """The drafter that sizes the loop's state: the widest arm (``drafter`` itself), with
     the context buffer's slack for AR rounds."""
-    return dataclasses.replace(drafter, context_slack=adaptive.buffer_slack)
+    return dataclasses.replace(drafter, context_slack=adaptive.buffer_slack,
+                               keep_history=bool(adaptive.lookup))
 
 
 def buffer_rows(base) -> int:
@@ -144,10 +163,15 @@ def arm_drafter(base, width: int):
 
 def arm_groups(base, widths: Sequence[int]) -> tuple[tuple[int, int], ...]:
     """``(group, depth)`` per arm: the acceptance statistics it reads and its longest draft
-    path (AR: group -1, depth 0). Chains share group 0; each tree budget its own group."""
+    path (AR: group -1, depth 0). Chains share group 0; each tree budget its own group;
+    lookup arms (code ``-k``) the groups after those, one per matched suffix length: the
+    first of them here (a row's own is that + its match length - 1)."""
     out, group = [], 0
+    lookup_group = 1 if not _is_tree(base) else sum(1 for w in widths if w > 0)
     for w in widths:
-        if w == 0:
+        if lookup_arm.is_lookup(w):
+            out.append((lookup_group, -w))
+        elif w == 0:
             out.append((-1, 0))
         elif _is_tree(base):
             out.append((group, min(w, base.num_positions)))
@@ -171,10 +195,36 @@ class PolicyState:
     arm_rounds: jax.Array      # [A] int32 rounds run per arm
 
 
+def _num_groups(adaptive: AdaptiveConfig, base, widths) -> int:
+    groups = arm_groups(base, widths)
+    lookups = [g for (g, _), w in zip(groups, widths) if lookup_arm.is_lookup(w)]
+    if lookups:
+        return lookups[0] + adaptive.lookup_ngram.max_ngram
+    return max(g for g, _ in groups) + 1
+
+
+def _num_drafter_arms(widths) -> int:
+    return sum(1 for w in widths if not lookup_arm.is_lookup(w))
+
+
+def _row_groups(adaptive: AdaptiveConfig, base, widths, arm, matched, batch: int):
+    """``([B] group, [B] bool counts)`` of each row's statistics under ``arm`` (traced):
+    the arm's group, for a lookup arm offset by the row's match length; rows without a
+    match do not count under a lookup arm."""
+    groups = arm_groups(base, widths)
+    group = jnp.asarray([max(g, 0) for g, _ in groups], jnp.int32)[arm]
+    group = jnp.broadcast_to(group, (batch,))
+    if matched is None:
+        return group, jnp.ones((batch,), bool)
+    is_lookup = arm >= _num_drafter_arms(widths)
+    row = jnp.where(is_lookup, group + jnp.maximum(matched, 1) - 1, group)
+    return row, ~is_lookup | (matched > 0)
+
+
 def init_policy(adaptive: AdaptiveConfig, base, widths: Sequence[int], batch: int,
                 costs, force: int = -1) -> PolicyState:
     groups = arm_groups(base, widths)
-    num_groups = max(g for g, _ in groups) + 1
+    num_groups = _num_groups(adaptive, base, widths)
     depth = max(d for _, d in groups)
     costs = jnp.asarray(costs, jnp.float32)
     if costs.shape != (len(widths),):
@@ -198,22 +248,35 @@ def acceptance_rates(adaptive: AdaptiveConfig, policy: PolicyState) -> jax.Array
     return jnp.stack(rates, axis=2)
 
 
-def expected_tokens(adaptive: AdaptiveConfig, base, widths, policy: PolicyState) -> jax.Array:
-    """``[B, A]`` expected tokens committed by each arm for each row."""
+def expected_tokens(adaptive: AdaptiveConfig, base, widths, policy: PolicyState,
+                    matched=None) -> jax.Array:
+    """``[B, A]`` expected tokens committed by each arm for each row; ``matched [B]``: the
+    rows' lookup match lengths this round (:func:`~domino_jax.decode.lookup_arm.match_lengths`;
+    needed with lookup arms: a row without a match expects 1 token from them)."""
     survive = jnp.cumsum(jnp.cumprod(acceptance_rates(adaptive, policy), axis=2), axis=2)
+    ones = jnp.ones(survive.shape[:1], jnp.float32)
     cols = []
-    for group, depth in arm_groups(base, widths):
-        cols.append(jnp.ones(survive.shape[:1], jnp.float32) if depth == 0
-                    else 1.0 + survive[:, group, depth - 1])
+    for (group, depth), w in zip(arm_groups(base, widths), widths):
+        if lookup_arm.is_lookup(w):
+            if matched is None:
+                raise ValueError("expected_tokens: lookup arms need the rows' match lengths")
+            rows = group + jnp.maximum(matched, 1) - 1
+            tokens = 1.0 + jnp.take_along_axis(survive[:, :, depth - 1], rows[:, None],
+                                               axis=1)[:, 0]
+            cols.append(jnp.where(matched > 0, tokens, ones))
+        else:
+            cols.append(ones if depth == 0 else 1.0 + survive[:, group, depth - 1])
     return jnp.stack(cols, axis=1)
 
 
-def choose_arm(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, state):
+def choose_arm(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, state,
+               matched=None):
     """``(arm, probed, flush)``: the arm of this round (int32), whether a probe overrode an
-    AR choice, and whether this AR round must flush the context buffer first."""
+    AR choice, and whether this AR round must flush the context buffer first (``matched``:
+    see :func:`expected_tokens`)."""
     live = ~state.done
-    tokens = jnp.sum(jnp.where(live[:, None], expected_tokens(adaptive, base, widths, policy),
-                               0.0), axis=0)                               # [A]
+    expected = expected_tokens(adaptive, base, widths, policy, matched)
+    tokens = jnp.sum(jnp.where(live[:, None], expected, 0.0), axis=0)     # [A]
     value = tokens / jnp.maximum(policy.costs, 1e-6)
     best = jnp.argmax(value).astype(jnp.int32)
     best_spec = (jnp.argmax(value[1:]) + 1).astype(jnp.int32)
@@ -226,18 +289,21 @@ def choose_arm(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, stat
 
 
 def observe(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, arm, probed,
-            before, after) -> PolicyState:
+            before, after, matched=None) -> PolicyState:
     """Fold one round's outcome into the statistics: per live row, drafts ``1..accepted``
-    were accepted and draft ``accepted + 1`` (if the arm verified it) was rejected."""
+    were accepted and draft ``accepted + 1`` (if the arm verified it) was rejected (a
+    lookup arm: in the row's match-length group, rows that matched only)."""
     groups = arm_groups(base, widths)
-    group_of = jnp.asarray([max(g, 0) for g, _ in groups], jnp.int32)[arm]
     depth_of = jnp.asarray([d for _, d in groups], jnp.int32)[arm]
-    live = ~before.done
+    row_group, counts = _row_groups(adaptive, base, widths, arm, matched,
+                                    before.done.shape[0])
+    live = ~before.done & counts
     accepted = after.target_cache.lengths - before.target_cache.lengths - 1        # [B]
     depth = jnp.arange(1, policy.accepted.shape[2] + 1)[None, :]                   # [1, D]
     seen = live[:, None] & (depth <= depth_of) & (depth <= accepted[:, None] + 1)  # [B, D]
     hit = seen & (depth <= accepted[:, None])
-    in_group = (jnp.arange(policy.accepted.shape[1]) == group_of)[None, :, None]   # [1, G, 1]
+    in_group = (jnp.arange(policy.accepted.shape[1])[None, :]
+                == row_group[:, None])[:, :, None]                               # [B, G, 1]
     seen3 = seen[:, None, :] & in_group
     acc = jnp.where(seen3, adaptive.decay * policy.accepted + hit[:, None, :], policy.accepted)
     obs = jnp.where(seen3, adaptive.decay * policy.observed + 1.0, policy.observed)
@@ -263,12 +329,26 @@ def prefill(target, base, config, target_params, draft_params, prompt, prompt_le
     return state.replace(context=_fit_context(state.context, buffer_rows(base)))
 
 
+def flush_buffer(base, target_params, draft_params, state):
+    """Commit the context buffer to the draft cache (no drafting) and empty it."""
+    buffer = state.context.shape[1]   # the buffered rows sit just before the root's position
+    positions = ((state.target_cache.lengths - state.context_len)[:, None]
+                 + jnp.arange(buffer, dtype=jnp.int32)[None, :])
+    draft_cache = base.ingest_features(target_params, draft_params, state.context,
+                                       positions, state.context_len, state.draft_cache)
+    return state.replace(draft_cache=draft_cache, context_len=jnp.zeros_like(state.context_len))
+
+
 def arm_round(target, base, width: int, config, target_params, draft_params, state,
               flush: bool = False):
     """One round of the arm of ``width`` (0 = the AR step) on the round contract's stages
     (:mod:`domino_jax.decode.round`), on the loop's state shapes; ``flush``: commit the
     context buffer to the draft cache before the AR step."""
     buffer = state.context.shape[1]
+    if lookup_arm.is_lookup(width):
+        return lookup_arm.lookup_round(
+            target, base, -width, config, target_params, draft_params, state,
+            lambda s: flush_buffer(base, target_params, draft_params, s))
     key, draft_key, verify_key = jax.random.split(state.key, 3)
     drafter = arm_drafter(base, width)
     if drafter is not None:
@@ -278,13 +358,8 @@ def arm_round(target, base, width: int, config, target_params, draft_params, sta
                                     verify_key)
         new = round_lib.commit(drafter, config, state, verified, key)
         return new.replace(context=_fit_context(new.context, buffer))
-    if flush:                # the buffered rows sit just before the root's position
-        positions = ((state.target_cache.lengths - state.context_len)[:, None]
-                     + jnp.arange(buffer, dtype=jnp.int32)[None, :])
-        draft_cache = base.ingest_features(target_params, draft_params, state.context,
-                                           positions, state.context_len, state.draft_cache)
-        state = state.replace(draft_cache=draft_cache,
-                              context_len=jnp.zeros_like(state.context_len))
+    if flush:
+        state = flush_buffer(base, target_params, draft_params, state)
     # the AR step: the root alone, verified and committed by the base drafter (its taps),
     # its features appended to the buffer
     proposal = Proposal(jnp.zeros((state.root.shape[0], 0), jnp.int32), state.draft_cache)
@@ -314,9 +389,11 @@ def adaptive_rounds(target, drafter, config, target_params, draft_params, state,
 
     def body(carry):
         state, policy, n = carry
-        arm, probed, flush = choose_arm(adaptive, drafter, widths, policy, state)
+        matched = (lookup_arm.match_lengths(adaptive.lookup_ngram, state) if adaptive.lookup
+                   else None)
+        arm, probed, flush = choose_arm(adaptive, drafter, widths, policy, state, matched)
         new = jax.lax.switch(jnp.where(flush, len(widths), arm), branches, state)
-        policy = observe(adaptive, drafter, widths, policy, arm, probed, state, new)
+        policy = observe(adaptive, drafter, widths, policy, arm, probed, state, new, matched)
         return new, policy, n + 1
 
     state, policy, _ = jax.lax.while_loop(cond, body, (state, policy, jnp.int32(0)))
@@ -324,5 +401,23 @@ def adaptive_rounds(target, drafter, config, target_params, draft_params, state,
 
 
 def width_histogram(widths: Sequence[int], arm_rounds) -> dict[int, int]:
-    """``{verify width: rounds}`` (verify width = drafts + 1; trees: budget + 1)."""
-    return {int(w) + 1: int(n) for w, n in zip(widths, arm_rounds) if int(n) > 0}
+    """``{verify width: rounds}`` (verify width = drafts + 1; trees: budget + 1; a lookup
+    arm's rounds count under its width too)."""
+    out: dict[int, int] = {}
+    for w, n in zip(widths, arm_rounds):
+        if int(n) > 0:
+            out[abs(int(w)) + 1] = out.get(abs(int(w)) + 1, 0) + int(n)
+    return dict(sorted(out.items()))
+
+
+def arm_name(width: int) -> str:
+    """``"ar"``, ``"draft{w}"`` (a drafter arm: chain length or tree budget) or
+    ``"lookup{k}"``."""
+    if lookup_arm.is_lookup(width):
+        return f"lookup{-width}"
+    return "ar" if width == 0 else f"draft{width}"
+
+
+def arm_histogram(widths: Sequence[int], arm_rounds) -> dict[str, int]:
+    """``{arm name: rounds}`` (:func:`arm_name`) of the arms that ran."""
+    return {arm_name(int(w)): int(n) for w, n in zip(widths, arm_rounds) if int(n) > 0}

@@ -84,9 +84,11 @@ def _save(path: str, key: str, entry: dict) -> None:
 
 
 def calibrate(run_forced: Callable[[int, int], tuple[float, int]], num_arms: int,
-              rounds: int, reps: int) -> tuple[list[float], list[list[float]]]:
-    """The fastest of ``reps`` timings (ms per round) of each arm (arms sorted by width),
-    made non-decreasing with the width. ``run_forced(arm, rounds) -> (seconds, rounds run)`` runs the loop with ``arm``
+              rounds: int, reps: int,
+              kinds: Sequence[int] | None = None) -> tuple[list[float], list[list[float]]]:
+    """The fastest of ``reps`` timings (ms per round) of each arm (arms sorted by width
+    within each kind: ``kinds[a]``, e.g. drafter arms 0 and lookup arms 1; default one kind),
+    made non-decreasing with the width within each kind. ``run_forced(arm, rounds) -> (seconds, rounds run)`` runs the loop with ``arm``
     forced on a fresh copy of the state; arms are interleaved rep by rep (a shared
     machine's load drifts), after one untimed warm-up call. Returns ``(costs, samples)``."""
     run_forced(0, 1)
@@ -102,7 +104,9 @@ def calibrate(run_forced: Callable[[int, int], tuple[float, int]], num_arms: int
         fastest = [float(a + 1) for a in range(num_arms)]
     # A wider arm does all a narrower one does and more: a lower time is load noise, which
     # must not make a wide arm look cheap. Costs never fall with the width.
-    monotone = [max(fastest[:i + 1]) for i in range(num_arms)]
+    kinds = list(kinds) if kinds is not None else [0] * num_arms
+    monotone = [max(f for f, k in zip(fastest[:i + 1], kinds) if k == kinds[i])
+                for i in range(num_arms)]
     return monotone, samples
 
 
@@ -137,7 +141,9 @@ class CostModel:
             if entry is not None and list(entry.get("widths", [])) == list(widths):
                 return [float(c) for c in entry["ms"]], 0.0, f"table {path}"
         t0 = time.perf_counter()
-        costs, samples = calibrate(run_forced, len(widths), self.rounds, self.reps)
+        # lookup arms (codes < 0, decode/lookup_arm.py) are not wider drafter arms
+        costs, samples = calibrate(run_forced, len(widths), self.rounds, self.reps,
+                                   kinds=[int(w < 0) for w in widths])
         seconds = time.perf_counter() - t0
         _save(path, key, {"widths": list(widths), "ms": costs,
                           "spread": [[min(s), max(s)] if s else None for s in samples],

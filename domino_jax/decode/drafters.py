@@ -68,6 +68,7 @@ class BlockDrafter(Drafter):
     target: TargetLM
     options: BlockOptions = BlockOptions()
     context_slack: int = 0        # extra context rows (the adaptive loop's AR rounds append)
+    keep_history: bool = False    # the loop keeps state.history (the adaptive lookup arms)
 
     def __post_init__(self):
         if self.options.draft_length > self.config.k_draft:
@@ -82,6 +83,12 @@ class BlockDrafter(Drafter):
     @classmethod
     def build(cls, draft_config, target, options) -> "BlockDrafter":
         return cls(draft_config, target, options)
+
+    @property
+    def reads_history(self) -> bool:
+        """Whether the loop keeps ``state.history``: for the adaptive loop's lookup arms
+        (:mod:`domino_jax.decode.lookup_arm`)."""
+        return self.keep_history
 
     @property
     def backbone(self) -> dflash.DFlashBackbone:

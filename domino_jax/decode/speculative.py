@@ -55,6 +55,7 @@ class GenerateResult:
     verify_widths: dict = dataclasses.field(default_factory=dict)   # {verify rows: rounds}
     calibration_seconds: float = 0.0   # adaptive: the cost model's calibration (0: table)
     cost_source: str = ""              # adaptive: where the per-arm costs came from
+    arm_rounds: dict = dataclasses.field(default_factory=dict)  # adaptive: {arm name: rounds}
 
     @property
     def new_tokens(self) -> int:
@@ -247,13 +248,15 @@ def generate(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
             break
     t2 = time.perf_counter()
     rounds = np.asarray(state.rounds)
+    arms = {}
     if policy is None:
         widths = {prep.num_drafts + 1: int(rounds.max(initial=0))}
     else:
         widths = adaptive_lib.width_histogram(prep.widths, np.asarray(policy.arm_rounds))
+        arms = adaptive_lib.arm_histogram(prep.widths, np.asarray(policy.arm_rounds))
     return GenerateResult(_trim(state, config), rounds, np.asarray(state.accept_hist),
                           prefill_seconds, t2 - t1, prep.num_drafts + 1, prep.compile_seconds,
-                          widths, calibration_seconds, cost_source)
+                          widths, calibration_seconds, cost_source, arms)
 
 
 def _start_policy(prep: _Prepared, target, config: DecodeConfig, target_params, draft_params,

@@ -84,7 +84,7 @@ class _TreeDrafter(BlockDrafter):
     @property
     def reads_history(self) -> bool:
         """The lookup branch searches the loop's context buffer."""
-        return self.options.lookup_branch > 0
+        return self.options.lookup_branch > 0 or self.keep_history
 
     @property
     def max_commit(self) -> int:

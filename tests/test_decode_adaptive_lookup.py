@@ -1,0 +1,179 @@
+"""The prompt-lookup arms of adaptive speculation (decode/lookup_arm.py, issue 18 item 3):
+the per-match-length statistics by hand, greedy equality with AR with the lookup arm in
+play (a repetitive prompt where it is chosen, seen in the arm histogram), the T > 0
+chi-square test, the cost calibration's kinds and the CLI flag. Tiny float32 models."""
+
+from __future__ import annotations
+
+import types
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from decode_helpers import (assert_first_three_follow_target, draft_config,
+                            perm_domino_params, perm_target, reference_greedy, tiny_draft)
+from test_decode_greedy import PI, RAGGED
+from test_decode_sampling import PROMPT, V, models  # noqa: F401  (the T > 0 tiny pair)
+from domino_jax.decode import adaptive, lookup_arm
+from domino_jax.decode.adaptive import AdaptiveConfig
+from domino_jax.decode.cost_model import CostModel, calibrate
+from domino_jax.decode.methods import make_drafter
+from domino_jax.decode.sampling import SamplingConfig
+from domino_jax.decode.speculative import DecodeConfig, generate
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+MAX_NEW = 24
+AD = AdaptiveConfig(widths=(0, 2, 4), probe_min=2, probe_max=4, buffer_slack=4, lookup=(3,))
+LOOKUP_CHEAP = CostModel(costs=[1.0, 1.6, 2.4, 1.1])       # AR, chain 2, chain 4, lookup 3
+LOOKUP_DEAR = CostModel(costs=[1.0, 1.05, 1.1, 3.0])
+
+
+def _base(ad=AD):
+    target, _ = perm_target(PI, seed=1)
+    return adaptive.base_drafter(make_drafter(draft_config(32, block=4, shift=True), target,
+                                              "domino"), ad)
+
+
+def test_arms_groups_and_config():
+    base = _base()
+    assert base.reads_history
+    widths = adaptive.resolve_widths(AD, base)
+    assert widths == (0, 2, 4, -3)
+    assert adaptive.arm_groups(base, widths) == ((-1, 0), (0, 2), (0, 4), (1, 3))
+    policy = adaptive.init_policy(AD, base, widths, 2, [1.0] * 4)
+    assert policy.accepted.shape == (2, 1 + AD.lookup_ngram.max_ngram, 4)
+    assert adaptive.width_histogram(widths, [1, 0, 2, 3]) == {1: 1, 4: 3, 5: 2}
+    assert adaptive.arm_histogram(widths, [1, 0, 2, 3]) == {"ar": 1, "draft4": 2,
+                                                           "lookup3": 3}
+    for bad in ((3, 2), (0,), (2, 2)):
+        with pytest.raises(ValueError, match="lookup arms"):
+            AdaptiveConfig(lookup=bad)
+    with pytest.raises(ValueError, match="must be in 1..4"):
+        adaptive.resolve_widths(AdaptiveConfig(lookup=(5,)), base)
+    target, _ = perm_target(PI, seed=1)
+    tree = make_drafter(draft_config(32, block=4, shift=True), target, "ddtree")
+    with pytest.raises(ValueError, match="take a chain method"):
+        adaptive.resolve_widths(AdaptiveConfig(lookup=(3,)), tree)
+
+
+def test_expected_tokens_and_observe_per_match_length():
+    base = _base()
+    widths = adaptive.resolve_widths(AD, base)
+    groups = 1 + AD.lookup_ngram.max_ngram
+    acc = np.zeros((3, groups, 4), np.float32)
+    obs = np.zeros((3, groups, 4), np.float32)
+    acc[:, 2, :3], obs[:, 2, :3] = 10.0, 10.0          # 2-token matches: always accepted
+    obs[:, 1, :3] = 10.0                               # 1-token matches: never
+    policy = adaptive.init_policy(AD, base, widths, 3, [1.0] * 4).replace(
+        accepted=jnp.asarray(acc), observed=jnp.asarray(obs))
+    matched = jnp.asarray([0, 1, 2])
+    tokens = np.asarray(adaptive.expected_tokens(AD, base, widths, policy, matched))[:, 3]
+    def chain(hits):                                   # 10 observations per depth
+        rates, prev = [], AD.prior_rate
+        for _ in range(3):
+            prev = (hits + prev) / 11
+            rates.append(prev)
+        return 1 + rates[0] + rates[0] * rates[1] + rates[0] * rates[1] * rates[2]
+
+    np.testing.assert_allclose(tokens, [1.0, chain(0.0), chain(10.0)], rtol=1e-5)
+    with pytest.raises(ValueError, match="match lengths"):
+        adaptive.expected_tokens(AD, base, widths, policy)
+    # one lookup round: rows 0 (no match), 1 (1-token match, 1 accepted), 2 (2-token, 3)
+    fresh = adaptive.init_policy(AD, base, widths, 3, [1.0] * 4)
+    before = types.SimpleNamespace(done=jnp.asarray([False] * 3),
+                                   target_cache=types.SimpleNamespace(
+                                       lengths=jnp.asarray([10, 10, 10])))
+    after = types.SimpleNamespace(target_cache=types.SimpleNamespace(
+        lengths=jnp.asarray([11, 12, 14])))
+    new = adaptive.observe(AD, base, widths, fresh, jnp.int32(3), jnp.bool_(False), before,
+                           after, matched)
+    observed, accepted = np.asarray(new.observed), np.asarray(new.accepted)
+    assert observed[0].sum() == 0                                   # no match: not counted
+    np.testing.assert_array_equal(observed[1, 1], [1, 1, 0, 0])     # its own group
+    np.testing.assert_array_equal(accepted[1, 1], [1, 0, 0, 0])
+    np.testing.assert_array_equal(observed[2, 2], [1, 1, 1, 0])     # 3 of 3 accepted
+    np.testing.assert_array_equal(accepted[2, 2], [1, 1, 1, 0])
+    assert observed[:, 0].sum() == 0 and list(np.asarray(new.arm_rounds)) == [0, 0, 0, 1]
+
+
+def test_calibrate_kinds_are_monotone_apart():
+    times = [4.0, 6.0, 8.0, 3.0, 5.0]                 # AR, chains 2/4, lookups 2/4 (ms)
+
+    def run_forced(arm, rounds):
+        return times[arm] * rounds / 1e3, rounds
+
+    costs, _ = calibrate(run_forced, 5, rounds=2, reps=1, kinds=[0, 0, 0, 1, 1])
+    np.testing.assert_allclose(costs, times)          # a cheap lookup is not lifted to AR's
+
+
+# ------------------------------------------------------------------- lossless end to end
+
+# a repetitive prompt: the permutation target's own cycle, so the lookup predicts it
+CYCLE = [0]
+for _ in range(40):
+    CYCLE.append(int(PI[CYCLE[-1]]))
+REPEAT = [CYCLE[:40], CYCLE[5:30]]
+
+
+def _run(prompts, cfg, dparams, costs, ad=AD, max_new=MAX_NEW, **kw):
+    target, params = perm_target(PI, attn_scale=0.3, seed=1)
+    config = DecodeConfig(method="domino", max_new_tokens=max_new, adaptive=ad, **kw)
+    result = generate(target, params, prompts, config, make_drafter(cfg, target, "domino"),
+                      dparams, cost_model=costs)
+    return result, reference_greedy(target, params, prompts, max_new)
+
+
+def test_greedy_with_lookup_arms_equals_ar():
+    cfg = draft_config(32, block=4, shift=True, prefix=0, gru=32, emb=32)
+    weak = tiny_draft(cfg, seed=5)                    # the drafter accepts ~nothing
+    result, ref = _run(REPEAT, cfg, weak, LOOKUP_CHEAP)
+    assert result.tokens == ref
+    arms = result.arm_rounds
+    assert arms.get("lookup3", 0) > sum(n for a, n in arms.items() if a != "lookup3"), arms
+    assert sum(arms.values()) == sum(result.verify_widths.values()) == int(result.rounds.max())
+    assert result.tau > 2.0
+    for prompts, dparams, costs in ((RAGGED, weak, LOOKUP_CHEAP),
+                                    (RAGGED, perm_domino_params(cfg, PI), LOOKUP_DEAR),
+                                    (REPEAT, perm_domino_params(cfg, PI), LOOKUP_CHEAP)):
+        result, ref = _run(prompts, cfg, dparams, costs)
+        assert result.tokens == ref, result.arm_rounds
+
+
+def test_lookup_rounds_buffer_and_flush():
+    """The lookup arm forced for every round (buffer slack 4: the rows it appends overflow
+    the buffer, so it flushes), then the drafter's chain: still greedy AR."""
+    cfg = draft_config(32, block=4, shift=True, prefix=0, gru=32, emb=32)
+    forced = perm_domino_params(cfg, PI)
+    result, ref = _run(RAGGED, cfg, forced, CostModel(costs=[1.0, 9.0, 9.5, 1.01]))
+    assert result.tokens == ref
+    assert result.arm_rounds.get("lookup3", 0) > 0 and len(result.arm_rounds) > 1
+
+
+# ------------------------------------------------------------------- T > 0: chi-square
+
+ROWS = 1000
+
+
+@pytest.mark.slow
+def test_lookup_arm_joint_distribution_chi_square(models):
+    cfg, dparams = models["domino"]
+    target, params = models["target"], models["params"]
+    sampling = SamplingConfig(1.0)
+    ad = AdaptiveConfig(widths=(0, 2, cfg.k_draft), probe_min=1, probe_max=2, lookup=(2,))
+    config = DecodeConfig(method="domino", max_new_tokens=3, sampling=sampling,
+                          verify="rejection", draft_policy="sample", adaptive=ad)
+    drafter = make_drafter(cfg, target, "domino")
+    tokens, used = [], {}
+    for i, costs in enumerate(([1.0, 5.0, 6.0, 1.01], [1.0, 1.3, 1.6, 1.2])):
+        seed = zlib.crc32(f"lookup{i}".encode()) % 1000
+        result = generate(target, params, [PROMPT * 2] * ROWS, config,
+                          drafter, dparams, seed=seed, cost_model=CostModel(costs=costs))
+        tokens += result.tokens
+        for arm, n in result.arm_rounds.items():
+            used[arm] = used.get(arm, 0) + n
+    assert used.get("lookup2", 0) > 0 and len(used) >= 2, used
+    assert_first_three_follow_target(target, params, PROMPT * 2, V, tokens, sampling)
