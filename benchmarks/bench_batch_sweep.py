@@ -12,10 +12,14 @@ Two modes, any device:
 * ``--mode real``: the SmolLM2-135M-Instruct demo pair with our trained Domino drafter,
   ``B`` distinct held-out prompts per batch (one padding bucket), greedy, natural acceptance.
 
-Methods (``--methods``): ``ar``, ``dflash`` / ``domino`` (16 drafts), ``ddtree`` /
-``dominotree`` (budget ``--budget``), and ``<method>-auto``: the same drafter with adaptive
-widths (``decode/adaptive.py``: chains 0/2/4/8/16 drafts, trees budgets 0/4/8/16; the cost
-table is calibrated on first use, excluded from the timings, in ``--cost-table``).
+Methods (``--methods``): ``ar``, ``ngram`` (the prompt lookup at the CLI defaults, no
+drafter: the floor line; always natural acceptance, also in forced mode, where it accepts
+what the lookup predicts of the random model), ``dflash`` / ``domino`` (16 drafts),
+``ddtree`` / ``dominotree`` (budget ``--budget``), and ``<method>-auto``: the same drafter
+with adaptive widths (``decode/adaptive.py``: chains 0/2/4/8/16 drafts, trees budgets
+0/4/8/16; the cost table is calibrated on first use, excluded from the timings, in
+``--cost-table``); ``dflash-auto+lookup`` / ``domino-auto+lookup``: adaptive with the
+prompt-lookup arms too (``--adaptive-lookup on``, ``decode/lookup_arm.py``).
 
 Per batch every task is compiled and run once untimed (warm-up; the adaptive runs' cost
 calibration), then timed ``--reps`` times, the tasks interleaved rep by rep (AR first); reported: decode tokens/s over the batch (medians), ms per
@@ -45,6 +49,21 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, HERE)
 T0 = time.perf_counter()
 CHAIN, TREE = ("dflash", "domino"), ("ddtree", "dominotree")
+LOOKUP = "-auto+lookup"              # chain methods: adaptive with the lookup arms
+
+
+def split_method(method: str) -> tuple[str, bool, bool]:
+    """``(base method, adaptive, lookup arms)`` of a ``--methods`` entry; ``ValueError``
+    naming an unknown one."""
+    if method in ("ar", "ngram"):
+        return method, False, False
+    if method.endswith(LOOKUP) and method.removesuffix(LOOKUP) in CHAIN:
+        return method.removesuffix(LOOKUP), True, True
+    base = method.removesuffix("-auto")
+    if base not in CHAIN + TREE:
+        raise ValueError(f"unknown method {method!r} in --methods (ar, ngram, "
+                         f"{', '.join(CHAIN + TREE)}, <method>-auto, <chain>{LOOKUP})")
+    return base, method.endswith("-auto"), False
 
 
 def log(msg: str) -> None:
@@ -58,7 +77,7 @@ def parse_args(argv=None):
     p.add_argument("--batches", default="1,4,16,32,64")
     p.add_argument("--taus", default="2,4,6,8")
     p.add_argument("--spread", type=float, default=0.5)
-    p.add_argument("--methods", default="ar,dflash,domino,ddtree,dominotree,dflash-auto,"
+    p.add_argument("--methods", default="ar,ngram,dflash,domino,ddtree,dominotree,dflash-auto,"
                    "domino-auto,ddtree-auto,dominotree-auto")
     p.add_argument("--budget", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=64)
@@ -77,8 +96,10 @@ def parse_args(argv=None):
     args.taus = [float(t) for t in args.taus.split(",")] if args.mode == "forced" else [None]
     args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in args.methods:
-        if m != "ar" and m.removesuffix("-auto") not in CHAIN + TREE:
-            p.error(f"unknown method {m!r} in --methods")
+        try:
+            split_method(m)
+        except ValueError as e:
+            p.error(str(e))
     return args
 
 
@@ -170,15 +191,17 @@ def task_config(models, method: str, tau):
     from domino_jax.decode.speculative import DecodeConfig
     from domino_jax.decode.verify import ForcedAcceptance
 
+    from domino_jax.decode.lookup_arm import DEFAULT_LOOKUP_ARMS
+
     args = models.args
-    base = method.removesuffix("-auto")
-    auto = method.endswith("-auto")
+    base, auto, lookup = split_method(method)
     forced = (ForcedAcceptance(tau, width=16, spread=args.spread)
-              if tau is not None and method != "ar" else None)
+              if tau is not None and base not in ("ar", "ngram") else None)
+    adaptive = AdaptiveConfig(lookup=DEFAULT_LOOKUP_ARMS if lookup else ()) if auto else None
     config = DecodeConfig(method=base, max_new_tokens=args.new_tokens,
                           stop_token_ids=models.stops(), verify=forced or "match",
-                          adaptive=AdaptiveConfig() if auto else None)
-    if base == "ar":
+                          adaptive=adaptive)
+    if base in ("ar", "ngram"):                    # no drafter checkpoint
         return config, None, None
     options = dict(budget=args.budget) if base in TREE else {}
     return config, models.make(base, **options), models.dp
@@ -195,6 +218,8 @@ def markdown(meta: dict, rows: list[dict]) -> str:
     for r in rows:
         hist = " ".join(f"{w}:{n}" for w, n in sorted(r["width_hist"].items(), key=lambda x:
                                                       int(x[0])))
+        if len(r.get("arms") or {}) and any(a.startswith("lookup") for a in r["arms"]):
+            hist += " (" + " ".join(f"{a}:{n}" for a, n in r["arms"].items()) + ")"
         forced = "-" if r["forced_tau"] is None else f"{r['forced_tau']:g}"
         lines.append(f"| {r['batch']} | {r['method']} | {forced} | "
                      f"{r['tokens_per_s']:.1f} | {r['ms_per_round']:.1f} | {r['c']:.2f} | "
@@ -285,7 +310,8 @@ def main(argv=None):
                 samples[task].append(dict(
                     tokens_per_s=result.tokens_per_second, tau=result.tau,
                     ms_per_round=1e3 * result.decode_seconds / max(loop_rounds, 1),
-                    width_hist=result.verify_widths, cost_source=result.cost_source))
+                    width_hist=result.verify_widths, arms=result.arm_rounds,
+                    cost_source=result.cost_source))
                 log(f"batch {batch} rep {rep} {task}: {result.tokens_per_second:.1f} tok/s, "
                     f"tau {result.tau:.2f}, widths {result.verify_widths}")
         ar = statistics.median(s["tokens_per_s"] for s in samples[("ar", None)])
@@ -297,6 +323,7 @@ def main(argv=None):
                              ms_per_round=ms, c=ms / ar_ms, speedup=tps / ar,
                              tau=statistics.median(r["tau"] for r in runs),
                              width_hist={str(k): v for k, v in runs[-1]["width_hist"].items()},
+                             arms=runs[-1]["arms"],
                              runs=runs))
         write()
         log(f"batch {batch} done")

@@ -3,6 +3,8 @@ adaptive widths (``--draft-length auto``, the CLI default) and with the fixed fu
 
     python benchmarks/bench_demo_prompts.py                       # the shipped drafter
     python benchmarks/bench_demo_prompts.py --draft DIR --tag new  # another drafter
+    python benchmarks/bench_demo_prompts.py --prompt-file heldout.jsonl --per-kind 2 \
+        --lookup-arms 4 --ngram --no-fixed     # auto with and without the lookup arms
 
 Same settings as the demo: the SmolLM2-135M-Instruct target with the bundled (or
 ``--draft``) Domino drafter, chat template, greedy, 128 new tokens, float32 on the CPU. Per
@@ -11,6 +13,12 @@ the fastest run of each kept, as the CLI's ``--compare-ar`` does (a busy machine
 slows a run down). The adaptive cost table is calibrated once per prompt shape (excluded
 from the timings) in ``--cost-table``. Reports the speedup over AR, tau, the verify-width
 histogram and whether the outputs equal AR's, as JSON and Markdown in ``--out``.
+``--lookup-arms K[,K]`` adds ``domino auto+lookup`` (the adaptive policy with prompt-lookup
+arms, ``--adaptive-lookup``; its arm histogram is reported), ``--ngram`` the prompt lookup
+alone (``--method ngram``, the CLI defaults); ``--prompt-file F --per-kind N`` takes the
+first N prompts of each kind of a ``{prompt, kind}`` JSONL file (the corpus's
+``heldout.jsonl``) instead of the built-in prompts. A summary per run closes the Markdown:
+the geometric mean of the speedups and the mean tau.
 """
 
 from __future__ import annotations
@@ -46,6 +54,12 @@ def parse_args(argv=None):
     p.add_argument("--no-fixed", dest="fixed", action="store_false",
                    help="skip the fixed-width (16 drafts) run")
     p.add_argument("--prompts", type=int, default=len(PROMPTS), help="first N prompts")
+    p.add_argument("--prompt-file", default=None,
+                   help="a {prompt, kind} JSONL file (with --per-kind) instead of PROMPTS")
+    p.add_argument("--per-kind", type=int, default=2)
+    p.add_argument("--lookup-arms", default="off",
+                   help="also run auto with these prompt-lookup arms (on | K[,K...]; off)")
+    p.add_argument("--ngram", action="store_true", help="also run --method ngram")
     p.add_argument("--cost-table", default=None,
                    help="default: OUT/demo_prompts_costs.json (calibrated on first use)")
     p.add_argument("--git-commit", default=None)
@@ -57,6 +71,7 @@ def main(argv=None):
     args = parse_args(argv)
     import jax
     import jax.numpy as jnp
+    import numpy as np
 
     from bench_util import git_commit, versions
     from domino_jax.decode.adaptive import AdaptiveConfig
@@ -64,6 +79,7 @@ def main(argv=None):
     from domino_jax.decode.cost_model import CostModel
     from domino_jax.decode.loading import (default_models, encode_prompt, load_pair,
                                            load_tokenizer, stop_token_ids)
+    from domino_jax.decode.lookup_arm import parse_lookup_arms
     from domino_jax.decode.speculative import generate, precompile
 
     t_start = time.perf_counter()
@@ -79,6 +95,19 @@ def main(argv=None):
             "domino auto": (dataclasses.replace(base, adaptive=AdaptiveConfig()), drafter, dp)}
     if args.fixed:
         runs["domino 16"] = (base, drafter, dp)
+    lookup = parse_lookup_arms(args.lookup_arms)
+    if lookup:
+        runs["domino auto+lookup"] = (dataclasses.replace(
+            base, adaptive=AdaptiveConfig(lookup=lookup)), drafter, dp)
+    if args.ngram:
+        runs["ngram"] = (dataclasses.replace(base, method="ngram"), None, None)
+    texts, kinds = list(PROMPTS[:args.prompts]), [""] * len(PROMPTS[:args.prompts])
+    if args.prompt_file:
+        from domino_jax.train.evaluate import read_eval_prompts
+
+        by_kind = read_eval_prompts(args.prompt_file, args.per_kind)
+        texts = [q for k in by_kind for q in by_kind[k]]
+        kinds = [k for k in by_kind for _ in by_kind[k]]
     cost_model = CostModel(path=args.cost_table or os.path.join(args.out,
                                                                 "demo_prompts_costs.json"))
     stamp = _dt.datetime.now().strftime("%Y-%m-%d_%H%M%S")
@@ -86,10 +115,10 @@ def main(argv=None):
     meta = dict(date=stamp, git_commit=git_commit(args.git_commit), versions=versions(),
                 device=f"{dev.platform}:{dev.device_kind}", draft=draft_dir, tag=args.tag,
                 max_new_tokens=args.max_new_tokens, reps=args.reps,
-                cost_table=cost_model.path, argv=sys.argv[1:],
+                cost_table=cost_model.path, argv=sys.argv[1:], lookup_arms=list(lookup),
                 load_start=[round(x, 1) for x in os.getloadavg()])
     rows = []
-    for text in PROMPTS[:args.prompts]:
+    for text, kind in zip(texts, kinds):
         prompts = [encode_prompt(tokenizer, text, True)]
         for config, d, p in runs.values():
             precompile(target, tp, prompts, config, d, p)
@@ -101,35 +130,46 @@ def main(argv=None):
                     best[name] = result
         ar = best["ar"]
         for name, result in best.items():
-            rows.append(dict(prompt=text, run=name, new_tokens=result.new_tokens,
+            rows.append(dict(prompt=text, kind=kind, run=name, new_tokens=result.new_tokens,
                              tokens_per_s=round(result.tokens_per_second, 2),
                              tau=round(result.tau, 3),
                              speedup=round(result.tokens_per_second / ar.tokens_per_second, 3),
                              identical_to_ar=result.tokens == ar.tokens,
                              verify_widths={str(w): n for w, n in
                                             sorted(result.verify_widths.items())},
-                             cost_source=result.cost_source))
+                             arms=result.arm_rounds, cost_source=result.cost_source))
             print(f"{text[:40]!r:44} {name:12} {rows[-1]['tokens_per_s']:6.2f} tok/s  "
                   f"{rows[-1]['speedup']:.2f}x  tau {rows[-1]['tau']:.2f}  "
-                  f"{rows[-1]['verify_widths']}  identical={rows[-1]['identical_to_ar']}",
+                  f"{rows[-1]['arms'] or rows[-1]['verify_widths']}  "
+                  f"identical={rows[-1]['identical_to_ar']}",
                   flush=True)
     meta["seconds"] = round(time.perf_counter() - t_start, 1)
     meta["load_end"] = [round(x, 1) for x in os.getloadavg()]
     name = os.path.join(args.out, f"demo_prompts_{args.tag}_{stamp}")
     with open(name + ".json", "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
-    lines = [f"# The demo on {len(PROMPTS[:args.prompts])} prompts ({stamp}, {meta['device']}, "
+    lines = [f"# The demo on {len(texts)} prompts ({stamp}, {meta['device']}, "
              f"drafter {args.tag}, commit {meta['git_commit']})", "",
              f"`python benchmarks/bench_demo_prompts.py {' '.join(sys.argv[1:])}`: greedy, "
              f"{args.max_new_tokens} new tokens, fastest of {args.reps} interleaved runs; load "
              f"average {meta['load_start']} at the start, {meta['load_end']} at the end.", "",
-             "| prompt | run | tok/s | speedup over AR | tau | verify widths | = AR |",
-             "|---|---|---|---|---|---|---|"]
+             "| prompt | kind | run | tok/s | speedup over AR | tau | verify widths (arms) | "
+             "= AR |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         hist = " ".join(f"{w}:{n}" for w, n in r["verify_widths"].items())
-        lines.append(f"| {r['prompt'][:40]} | {r['run']} | {r['tokens_per_s']:.2f} | "
+        if r["arms"]:
+            hist += " (" + " ".join(f"{a}:{n}" for a, n in r["arms"].items()) + ")"
+        prompt = r["prompt"][:40].replace("|", "/").replace("\n", " ")
+        lines.append(f"| {prompt} | {r['kind']} | {r['run']} | {r['tokens_per_s']:.2f} | "
                      f"**{r['speedup']:.2f}x** | {r['tau']:.2f} | {hist} | "
                      f"{'yes' if r['identical_to_ar'] else 'NO'} |")
+    lines += ["", "| run | geometric mean speedup over AR | mean tau | = AR |",
+              "|---|---|---|---|"]
+    for run in runs:
+        mine = [r for r in rows if r["run"] == run]
+        geo = float(np.exp(np.mean(np.log([r["speedup"] for r in mine]))))
+        lines.append(f"| {run} | **{geo:.2f}x** | {np.mean([r['tau'] for r in mine]):.2f} | "
+                     f"{sum(r['identical_to_ar'] for r in mine)}/{len(mine)} |")
     with open(name + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print(f"wrote {name}.json/.md")

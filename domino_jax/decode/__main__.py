@@ -27,6 +27,7 @@ from domino_jax.pallas import (ATTENTION_IMPLEMENTATIONS, DEFAULT_PREFILL_CHUNK,
 
 DEFAULT_PROMPT = "Explain in three sentences why the sky is blue."
 DEFAULT_WIDTH = "auto"       # --draft-length / --budget of block drafters
+DEFAULT_ADAPTIVE_LOOKUP = "off"   # --adaptive-lookup (benchmarks/bench_demo_prompts.py decided)
 log = logging.getLogger("domino_jax.decode")
 
 
@@ -71,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "'auto': chosen per round among 0 (an AR step), 2, 4, 8 and the block "
                         "by the cost model and the acceptance seen so far (default "
                         f"{DEFAULT_WIDTH})")
+    p.add_argument("--adaptive-lookup", default=DEFAULT_ADAPTIVE_LOOKUP, metavar="on|off|K",
+                   help="dflash, domino with --draft-length auto: the policy may also choose "
+                        "a prompt-lookup round (its K tokens verified as a chain, no drafter "
+                        "forward; the --ngram-max/-min/-occurrence matcher); 'on' = K 4, or a "
+                        f"comma list of K (default {DEFAULT_ADAPTIVE_LOOKUP})")
     p.add_argument("--cost-table", default=None, metavar="FILE",
                    help="auto widths: JSON table of measured round costs (default "
                         "~/.cache/domino_jax/cost_model.json, or $DOMINO_JAX_COST_TABLE); a "
@@ -187,6 +193,26 @@ def _widths(args, drafter_cls):
     return auto
 
 
+def _adaptive_config(args, drafter_cls):
+    """The ``auto`` widths' :class:`AdaptiveConfig`: with ``--adaptive-lookup`` arms for
+    chain methods (``on``: a no-op for tree methods, whose hybrid is ``--lookup-branch``;
+    explicit token counts on a tree method are an error)."""
+    from domino_jax.decode.adaptive import AdaptiveConfig
+    from domino_jax.decode.lookup_arm import parse_lookup_arms
+    from domino_jax.decode.ngram import NgramOptions
+
+    lookup = parse_lookup_arms(args.adaptive_lookup)
+    if drafter_cls.proposes_trees:
+        if lookup and args.adaptive_lookup != "on":
+            raise ValueError(f"--adaptive-lookup {args.adaptive_lookup}: lookup arms take a "
+                             "chain method (dflash, domino); trees graft the lookup with "
+                             "--lookup-branch")
+        lookup = ()
+    matcher = NgramOptions(max_ngram=args.max_ngram, min_ngram=args.min_ngram,
+                           occurrence=args.occurrence)
+    return AdaptiveConfig(lookup=lookup, lookup_ngram=matcher)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)       # before jax picks a backend, transformers loads
@@ -228,7 +254,8 @@ def _run(args) -> int:
         method=method, max_new_tokens=args.max_new_tokens,
         sampling=SamplingConfig(args.temperature, args.top_k, args.top_p),
         draft_policy=args.draft_policy, draft_temperature=args.draft_temperature,
-        verify=args.verify, prefill=prefill, adaptive=AdaptiveConfig() if auto else None)
+        verify=args.verify, prefill=prefill,
+        adaptive=_adaptive_config(args, drafter_cls) if auto else None)
     mesh = tensor_parallel_mesh(args.tensor_parallel, target_dir,   # before any weights
                                 draft_dir if uses_draft else None)
     dtype = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}.get(
@@ -292,6 +319,7 @@ OPTION_FLAGS = {"budget": "--budget", "draft_length": "--draft-length", "topm": 
                 "head_kernels": "--head-kernels",
                 "lookup_branch": "--lookup-branch"}
 
+LOOKUP_MATCHER = ("max_ngram", "min_ngram", "occurrence")   # also --adaptive-lookup's
 
 def _given_options(args, options_cls) -> dict:
     """The method's options from the command line: every field of ``options_cls``; a flag
@@ -299,8 +327,10 @@ def _given_options(args, options_cls) -> dict:
     silently ignored)."""
     fields = {f.name for f in dataclasses.fields(options_cls)}
     defaults = build_parser()
+    matcher = LOOKUP_MATCHER if args.adaptive_lookup != "off" else ()   # the lookup arms'
     for name, flag in OPTION_FLAGS.items():
-        if name not in fields and getattr(args, name) != defaults.get_default(name):
+        if name not in fields and name not in matcher \
+                and getattr(args, name) != defaults.get_default(name):
             raise ValueError(f"{flag} is not an option of --method {args.method or 'the '
                              'default method'}")
     return {name: getattr(args, name) for name in fields if name in OPTION_FLAGS

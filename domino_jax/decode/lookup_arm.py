@@ -33,6 +33,26 @@ from domino_jax.decode.contract import Drafter, Proposal
 from domino_jax.decode.ngram import NgramOptions, lookup_drafts
 
 
+DEFAULT_LOOKUP_ARMS = (4,)   # --adaptive-lookup on: the lookup's default K (ngram.NGRAM_DEFAULTS)
+
+
+def parse_lookup_arms(text: str) -> tuple[int, ...]:
+    """``--adaptive-lookup``: ``off`` -> ``()``, ``on`` -> :data:`DEFAULT_LOOKUP_ARMS`, or
+    a comma list of token counts ``K[,K...]`` (sorted); ``ValueError`` naming the text."""
+    if text == "off":
+        return ()
+    if text == "on":
+        return DEFAULT_LOOKUP_ARMS
+    try:
+        arms = tuple(sorted({int(k) for k in text.split(",")}))
+    except ValueError:
+        raise ValueError(f"--adaptive-lookup takes on, off or token counts K[,K...], got "
+                         f"{text!r}") from None
+    if not arms or arms[0] < 1:
+        raise ValueError(f"--adaptive-lookup token counts must be >= 1, got {text!r}")
+    return arms
+
+
 def is_lookup(code: int) -> bool:
     """Whether an arm code is a lookup arm (``-k``)."""
     return code < 0

@@ -1,0 +1,47 @@
+"""benchmarks/bench_batch_sweep.py: the method names (the ``ngram`` floor line, adaptive with
+the lookup arms) and a tiny forced-mode sweep on the CPU (a subprocess: the script sets up
+its own imports)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+
+from bench_batch_sweep import split_method  # noqa: E402
+
+
+def test_method_names():
+    assert split_method("ngram") == ("ngram", False, False)
+    assert split_method("domino-auto") == ("domino", True, False)
+    assert split_method("dflash-auto+lookup") == ("dflash", True, True)
+    assert split_method("ddtree") == ("ddtree", False, False)
+    for bad in ("ddtree-auto+lookup", "ngram-auto", "medusa"):
+        with pytest.raises(ValueError, match="unknown method"):
+            split_method(bad)
+
+
+@pytest.mark.slow
+def test_tiny_sweep_with_the_lookup_line(tmp_path):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "benchmarks", "bench_batch_sweep.py"),
+         "--mode", "forced", "--shape", "tiny", "--batches", "2", "--taus", "3",
+         "--methods", "ar,ngram,domino-auto+lookup", "--new-tokens", "8", "--prompt-len",
+         "16", "--reps", "1", "--cost-rounds", "1", "--cost-reps", "1", "--out",
+         str(tmp_path)], env=env, capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (path,) = glob.glob(str(tmp_path / "batch_sweep_2*.json"))
+    rows = json.load(open(path))["rows"]
+    assert [r["method"] for r in rows] == ["ar", "ngram", "domino-auto+lookup"]
+    assert all(r["tokens_per_s"] > 0 for r in rows)
+    assert rows[1]["forced_tau"] == 3.0 and rows[1]["width_hist"] == {"5": rows[1]["width_hist"]["5"]}
+    assert sum(rows[2]["arms"].values()) > 0
+    assert "| ngram |" in open(path[:-5] + ".md").read()
