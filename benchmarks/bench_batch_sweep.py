@@ -291,7 +291,9 @@ def main(argv=None):
             meta["skipped"].append(f"batch {batch}")
             continue
         prompts = models.prompts(batch)
-        tasks = [("ar", None)] + [(m, t) for t in args.taus for m in args.methods if m != "ar"]
+        natural = [("ngram", None)] if "ngram" in args.methods else []   # no forced tau
+        tasks = [("ar", None)] + natural + [(m, t) for t in args.taus for m in args.methods
+                                            if m not in ("ar", "ngram")]
         specs = {task: task_config(models, *task) for task in tasks}
         for task, (config, drafter, dp) in specs.items():
             seconds = precompile(models.target, models.tp, prompts, config, drafter, dp)

@@ -177,3 +177,30 @@ def test_lookup_arm_joint_distribution_chi_square(models):
             used[arm] = used.get(arm, 0) + n
     assert used.get("lookup2", 0) > 0 and len(used) >= 2, used
     assert_first_three_follow_target(target, params, PROMPT * 2, V, tokens, sampling)
+
+
+# ------------------------------------------------------------------- the CLI flag
+
+
+def test_cli_adaptive_lookup_flag(capsys):
+    from domino_jax.decode.__main__ import _adaptive_config, _given_options, build_parser, main
+    from domino_jax.decode.drafters import DominoDrafter, DominoOptions
+    from domino_jax.decode.lookup_arm import DEFAULT_LOOKUP_ARMS
+    from domino_jax.decode.tree_drafters import DDTreeDrafter
+
+    parse = build_parser().parse_args
+    args = parse(["--adaptive-lookup", "8,4", "--ngram-max", "3"])
+    config = _adaptive_config(args, DominoDrafter)
+    assert config.lookup == (4, 8) and config.lookup_ngram.max_ngram == 3
+    assert "max_ngram" not in _given_options(args, DominoOptions)   # the arms' matcher
+    assert _adaptive_config(parse(["--adaptive-lookup", "on"]), DominoDrafter).lookup \
+        == DEFAULT_LOOKUP_ARMS
+    assert _adaptive_config(parse(["--adaptive-lookup", "off"]), DominoDrafter).lookup == ()
+    assert _adaptive_config(parse(["--adaptive-lookup", "on"]), DDTreeDrafter).lookup == ()
+    with pytest.raises(ValueError, match="take a chain method"):
+        _adaptive_config(parse(["--adaptive-lookup", "4"]), DDTreeDrafter)
+    with pytest.raises(ValueError, match="--ngram-max is not an option"):
+        _given_options(parse(["--adaptive-lookup", "off", "--ngram-max", "3"]), DominoOptions)
+    for bad in ("x", "0", "4,y"):
+        assert main(["--adaptive-lookup", bad]) == 2
+        assert "--adaptive-lookup" in capsys.readouterr().err
