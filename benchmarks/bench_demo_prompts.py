@@ -18,7 +18,9 @@ arms, ``--adaptive-lookup``; its arm histogram is reported), ``--ngram`` the pro
 alone (``--method ngram``, the CLI defaults); ``--prompt-file F --per-kind N`` takes the
 first N prompts of each kind of a ``{prompt, kind}`` JSONL file (the corpus's
 ``heldout.jsonl``) instead of the built-in prompts. A summary per run closes the Markdown:
-the geometric mean of the speedups and the mean tau.
+the geometric mean of the speedups and the mean tau. With lookup arms, ``domino auto`` runs
+on the drafter arms' costs of ``domino auto+lookup``'s calibration (one calibration per
+prompt: the two differ by the lookup arms only, not by calibration noise).
 """
 
 from __future__ import annotations
@@ -96,9 +98,9 @@ def main(argv=None):
     if args.fixed:
         runs["domino 16"] = (base, drafter, dp)
     lookup = parse_lookup_arms(args.lookup_arms)
-    if lookup:
-        runs["domino auto+lookup"] = (dataclasses.replace(
-            base, adaptive=AdaptiveConfig(lookup=lookup)), drafter, dp)
+    if lookup:                  # before "domino auto", which reuses its calibration
+        runs = {"ar": runs.pop("ar"), "domino auto+lookup": (dataclasses.replace(
+            base, adaptive=AdaptiveConfig(lookup=lookup)), drafter, dp), **runs}
     if args.ngram:
         runs["ngram"] = (dataclasses.replace(base, method="ngram"), None, None)
     texts, kinds = list(PROMPTS[:args.prompts]), [""] * len(PROMPTS[:args.prompts])
@@ -123,9 +125,13 @@ def main(argv=None):
         for config, d, p in runs.values():
             precompile(target, tp, prompts, config, d, p)
         best: dict = {}
+        models = {}                  # per run; default: the shared table
         for _ in range(max(args.reps, 1)):
             for name, (config, d, p) in runs.items():
-                result = generate(target, tp, prompts, config, d, p, cost_model=cost_model)
+                result = generate(target, tp, prompts, config, d, p,
+                                  cost_model=models.get(name, cost_model))
+                if name == "domino auto+lookup" and "domino auto" not in models:
+                    models["domino auto"] = CostModel(costs=result.arm_costs[:-len(lookup)])
                 if name not in best or result.tokens_per_second > best[name].tokens_per_second:
                     best[name] = result
         ar = best["ar"]
@@ -137,7 +143,8 @@ def main(argv=None):
                              identical_to_ar=result.tokens == ar.tokens,
                              verify_widths={str(w): n for w, n in
                                             sorted(result.verify_widths.items())},
-                             arms=result.arm_rounds, cost_source=result.cost_source))
+                             arms=result.arm_rounds, arm_costs=result.arm_costs,
+                             cost_source=result.cost_source))
             print(f"{text[:40]!r:44} {name:12} {rows[-1]['tokens_per_s']:6.2f} tok/s  "
                   f"{rows[-1]['speedup']:.2f}x  tau {rows[-1]['tau']:.2f}  "
                   f"{rows[-1]['arms'] or rows[-1]['verify_widths']}  "

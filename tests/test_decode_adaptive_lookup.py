@@ -136,6 +136,7 @@ def test_greedy_with_lookup_arms_equals_ar():
     assert arms.get("lookup3", 0) > sum(n for a, n in arms.items() if a != "lookup3"), arms
     assert sum(arms.values()) == sum(result.verify_widths.values()) == int(result.rounds.max())
     assert result.tau > 2.0
+    assert result.arm_costs == pytest.approx([1.0, 1.6, 2.4, 1.1])
     for prompts, dparams, costs in ((RAGGED, weak, LOOKUP_CHEAP),
                                     (RAGGED, perm_domino_params(cfg, PI), LOOKUP_DEAR),
                                     (REPEAT, perm_domino_params(cfg, PI), LOOKUP_CHEAP)):

@@ -12,6 +12,8 @@ or ``CostModel(path=...)`` names another file). A table written elsewhere (e.g. 
 
 Table format: ``{"version": 1, "entries": {key: {"widths": [...], "ms": [...], "date": ...,
 "rounds": n, "reps": r, "spread": [...]}}}``.
+``widths`` are the adaptive loop's arm codes (:func:`domino_jax.decode.adaptive.resolve_widths`):
+drafter arms ``>= 0``, prompt-lookup arms ``-k`` (:mod:`domino_jax.decode.lookup_arm`).
 """
 
 from __future__ import annotations

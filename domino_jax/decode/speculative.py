@@ -56,6 +56,7 @@ class GenerateResult:
     calibration_seconds: float = 0.0   # adaptive: the cost model's calibration (0: table)
     cost_source: str = ""              # adaptive: where the per-arm costs came from
     arm_rounds: dict = dataclasses.field(default_factory=dict)  # adaptive: {arm name: rounds}
+    arm_costs: list = dataclasses.field(default_factory=list)   # adaptive: ms per round per arm
 
     @property
     def new_tokens(self) -> int:
@@ -248,15 +249,16 @@ def generate(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
             break
     t2 = time.perf_counter()
     rounds = np.asarray(state.rounds)
-    arms = {}
+    arms, costs = {}, []
     if policy is None:
         widths = {prep.num_drafts + 1: int(rounds.max(initial=0))}
     else:
         widths = adaptive_lib.width_histogram(prep.widths, np.asarray(policy.arm_rounds))
         arms = adaptive_lib.arm_histogram(prep.widths, np.asarray(policy.arm_rounds))
+        costs = [float(c) for c in np.asarray(policy.costs)]
     return GenerateResult(_trim(state, config), rounds, np.asarray(state.accept_hist),
                           prefill_seconds, t2 - t1, prep.num_drafts + 1, prep.compile_seconds,
-                          widths, calibration_seconds, cost_source, arms)
+                          widths, calibration_seconds, cost_source, arms, costs)
 
 
 def _start_policy(prep: _Prepared, target, config: DecodeConfig, target_params, draft_params,
