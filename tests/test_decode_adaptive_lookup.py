@@ -205,3 +205,11 @@ def test_cli_adaptive_lookup_flag(capsys):
     for bad in ("x", "0", "4,y"):
         assert main(["--adaptive-lookup", bad]) == 2
         assert "--adaptive-lookup" in capsys.readouterr().err
+
+
+def test_summary_table_shows_the_lookup_rounds():
+    from domino_jax.decode.report import summary_table
+
+    rows = [dict(method="domino", new_tokens=9, rounds=3, tau=3.0, tokens_per_second=1.0,
+                 verify_widths={"3": 2, "5": 1}, arm_rounds={"draft2": 2, "lookup4": 1})]
+    assert summary_table(rows).splitlines()[1].split()[5:8] == ["3:2", "5:1", "(lookup4:1)"]

@@ -37,6 +37,7 @@ def method_stats(method: str, result, ar=None) -> dict[str, Any]:
     stats = dict(method=method, new_tokens=result.new_tokens, rounds=int(result.rounds.sum()),
                  tau=round(result.tau, 4), verify_width=int(result.verify_width),
                  verify_widths={str(w): n for w, n in sorted(result.verify_widths.items())},
+                 arm_rounds=dict(getattr(result, "arm_rounds", {}) or {}),
                  cost_model=result.cost_source or None,
                  tokens_per_second=round(result.tokens_per_second, 2),
                  prefill_seconds=round(result.prefill_seconds, 4),
@@ -58,6 +59,10 @@ def summary_table(rows: Sequence[dict], temperature: float = 0.0) -> str:
         line = [r["method"], str(r["new_tokens"]), str(r["rounds"]), f"{r['tau']:.2f}",
                 f"{r['tokens_per_second']:.1f}"]
         widths = " ".join(f"{w}:{n}" for w, n in r.get("verify_widths", {}).items()) or "-"
+        lookups = [f"{a}:{n}" for a, n in r.get("arm_rounds", {}).items()
+                   if a.startswith("lookup")]
+        if lookups:                       # adaptive lookup arms (counted in their widths)
+            widths += " (" + " ".join(lookups) + ")"
         if compared:
             if "speedup_over_ar" in r:
                 same = r["identical_to_ar"]
