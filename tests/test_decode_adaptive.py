@@ -22,7 +22,7 @@ from test_decode_greedy import PI, RAGGED  # the greedy tests' permutation pair 
 from test_decode_sampling import PROMPT, V, models  # noqa: F401  (the T > 0 tiny pair)
 from domino_jax.decode import adaptive, speculative
 from domino_jax.decode.adaptive import AdaptiveConfig
-from domino_jax.decode.cost_model import CostModel
+from domino_jax.decode.cost_model import CostModel, calibration_line
 from domino_jax.decode.drafters import DominoOptions
 from domino_jax.decode.methods import make_drafter
 from domino_jax.decode.tree_drafters import TreeOptions
@@ -273,6 +273,12 @@ def test_calibrate_fastest_never_falls_with_the_width():
     costs, samples = calibrate(run_forced, 3, rounds=2, reps=3)
     np.testing.assert_allclose(costs, [4.0, 4.0, 7.0])    # fastest; arm 1's 3 lifted to 4
     assert samples[1] == pytest.approx([3.0, 3.0, 9.0])
+
+
+def test_calibration_line_is_short():
+    line = calibration_line((0, 2, 4, 8, 16), [211.9, 225.4, 259.9, 317.0, 429.3], 19.84)
+    assert line == (f"[cost model] calibrated widths 0/2/4/8/16 on {jax.devices()[0].platform}"
+                    " in 19.8 s (ms per round: 212 225 260 317 429)")
 
 
 @pytest.mark.slow
