@@ -30,7 +30,7 @@ import jax.numpy as jnp
 
 from domino_jax.decode.contract import NO_DRAFTER, DecodeState, Drafter, Proposal
 from domino_jax.decode.prefill import prefill_prompt
-from domino_jax.decode.sampling import choose, target_log_probs
+from domino_jax.decode.sampling import choose, greedy_tokens, target_log_probs
 from domino_jax.decode.verify import Verdict
 from domino_jax.models.qwen3 import TargetLM, TargetOutput
 
@@ -113,7 +113,12 @@ def verify_forward(target: TargetLM, drafter: Drafter, target_params, state: Dec
 def accept(drafter: Drafter, config, proposal: Proposal, out: TargetOutput,
            key: jax.Array) -> Verdict:
     """The config's verification rule on the verify forward's logits (processed by the
-    config's sampling settings)."""
+    config's sampling settings). Greedy: the rule's ``accept_greedy`` on the argmax tokens
+    where it has one (the same verdict; sampling ``V`` Gumbels per verify row from a one-hot
+    distribution was most of an AR step's non-matmul time on the CPU)."""
+    if config.sampling.greedy and hasattr(config.verify, "accept_greedy"):
+        return config.verify.accept_greedy(key, proposal, greedy_tokens(out.logits),
+                                           drafter.max_commit)
     log_p = target_log_probs(out.logits, config.sampling)
     return config.verify.accept(key, proposal, log_p, drafter.max_commit)
 

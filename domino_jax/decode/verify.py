@@ -44,6 +44,12 @@ def _leading_true(flags: jax.Array) -> jax.Array:
 def verify_match(key: jax.Array, drafts: jax.Array, target_log_probs: jax.Array):
     """Sample the target at every position; accept while the drafts equal the samples."""
     samples = jax.random.categorical(key, target_log_probs, axis=-1).astype(jnp.int32)  # [B, K+1]
+    return match_samples(drafts, samples)
+
+
+def match_samples(drafts: jax.Array, samples: jax.Array):
+    """``(accepted, bonus)`` of drafts ``[B, K]`` against the target's samples ``[B, K+1]``:
+    the leading run of equal tokens, then the sample after it."""
     accepted = _leading_true(drafts == samples[:, :-1])
     bonus = jnp.take_along_axis(samples, accepted[:, None], axis=1)[:, 0]
     return accepted, bonus
@@ -143,10 +149,17 @@ class Match:
                max_commit: int) -> Verdict:
         """``target_log_probs [B, N + 1, V]`` at ``[root, tokens...]``; ``max_commit``: the
         drafter's longest path + 1 (trees: the walk's depth)."""
-        if proposal.tree is None:
-            return Verdict(*verify_match(key, proposal.tokens, target_log_probs), None)
-        tree = proposal.tree
         samples = jax.random.categorical(key, target_log_probs, axis=-1).astype(jnp.int32)
+        return self.accept_greedy(key, proposal, samples, max_commit)
+
+    def accept_greedy(self, key: jax.Array, proposal: Proposal, targets: jax.Array,
+                      max_commit: int) -> Verdict:
+        """The rule at temperature 0, from the target's argmax tokens ``targets [B, N + 1]``
+        (a one-hot distribution's only sample: the same verdict as :meth:`accept` on it,
+        without ``V`` random draws per verify row). Also the rule on any samples."""
+        if proposal.tree is None:
+            return Verdict(*match_samples(proposal.tokens, targets), None)
+        tree, samples = proposal.tree, targets
         path, accepted, last = jax.vmap(
             lambda t, p, v, s: walk_tree(t, p, v, s, max_commit - 1))(
             tree.tokens, tree.parents, tree.valid, samples)
@@ -171,6 +184,16 @@ class Rejection:
             return Match().accept(key, proposal, target_log_probs, max_commit)
         return Verdict(*verify_rejection(key, proposal.tokens, target_log_probs,
                                          proposal.log_q), None)
+
+    def accept_greedy(self, key: jax.Array, proposal: Proposal, targets: jax.Array,
+                      max_commit: int) -> Verdict:
+        """At temperature 0 ``p`` is one-hot on the target's argmax: a draft is accepted iff
+        it is the argmax (``u q < p`` holds for ``p = 1``, never for ``p = 0``) and the
+        residual ``max(p - q, 0)`` sits on the argmax alone: :class:`Match`'s verdict."""
+        if proposal.tree is not None:
+            raise ValueError("'rejection' verifies chains only: best-first trees define no "
+                             "draft distribution; use 'match'")
+        return Match().accept_greedy(key, proposal, targets, max_commit)
 
 
 def _rate_for_tau(tau: float, width: int) -> float:
@@ -233,8 +256,13 @@ class ForcedAcceptance:
 
     def accept(self, key: jax.Array, proposal: Proposal, target_log_probs: jax.Array,
                max_commit: int) -> Verdict:
-        batch, num_drafts = proposal.tokens.shape
         argmax = jnp.argmax(target_log_probs, axis=-1).astype(jnp.int32)      # [B, N + 1]
+        return self.accept_greedy(key, proposal, argmax, max_commit)
+
+    def accept_greedy(self, key: jax.Array, proposal: Proposal, argmax: jax.Array,
+                      max_commit: int) -> Verdict:
+        """:meth:`accept` from the target's argmax tokens ``[B, N + 1]``."""
+        batch, num_drafts = proposal.tokens.shape
         if proposal.tree is None:
             accepted = self.accepted(key, batch, num_drafts)
             bonus = jnp.take_along_axis(argmax, accepted[:, None], axis=1)[:, 0]
@@ -253,7 +281,10 @@ VERIFY_RULES = {rule.name: rule for rule in (Match(), Rejection())}
 
 def verify_rule(rule) -> Match | Rejection:
     """A rule given by name (``"match"``, ``"rejection"``) or as a strategy instance
-    (anything with ``accept(key, proposal, target_log_probs, max_commit) -> Verdict``)."""
+    (anything with ``accept(key, proposal, target_log_probs, max_commit) -> Verdict``;
+    optionally ``accept_greedy(key, proposal, targets, max_commit)``, the verdict at
+    temperature 0 from the target's argmax tokens ``[B, N + 1]``, which greedy decoding
+    then calls instead: no one-hot ``[B, N + 1, V]`` distribution, no sampling)."""
     if isinstance(rule, str):
         if rule not in VERIFY_RULES:
             raise ValueError(f"unknown verification rule {rule!r}; choose one of "
