@@ -5,6 +5,7 @@ generate call of one shape shares one compiled adaptive program (costs are an in
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import types
@@ -96,6 +97,11 @@ def test_choose_arm_value_probe_buffer_and_force():
     forced = high.replace(force=jnp.int32(1))
     assert choose(forced, state) == (1, 0, 0)
     assert choose(low.replace(force=jnp.int32(0), since_spec=jnp.int32(9)), full) == (0, 0, 1)
+    # value w2 = 2.94 / 2.8 = 1.05 AR's: taken without a margin, not within the default 10%
+    close = high.replace(costs=jnp.asarray([1.0, 2.8, 4.8], jnp.float32))
+    no_margin = dataclasses.replace(AD, margin=0.0)
+    assert int(adaptive.choose_arm(no_margin, base, widths, close, state)[0]) == 1
+    assert choose(close, state) == (0, 0, 0)
 
 
 def test_observe_counts_accepts_and_the_first_rejection():
@@ -125,7 +131,7 @@ def test_observe_counts_accepts_and_the_first_rejection():
 
 def test_config_errors():
     for bad in (dict(widths=(2, 4)), dict(widths=(0, 4, 2)), dict(widths=(0,)),
-                dict(decay=0.0), dict(probe_min=5, probe_max=4)):
+                dict(decay=0.0), dict(probe_min=5, probe_max=4), dict(margin=-0.1)):
         with pytest.raises(ValueError):
             AdaptiveConfig(**bad)
     for method in ("ar", "ngram"):

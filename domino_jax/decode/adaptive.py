@@ -20,6 +20,10 @@ the T > 0 chi-square tests with ``auto``).
 
     value(arm) = sum over live rows of E_row[tokens | arm]  /  cost(arm)
 
+(the AR step's value is raised by ``margin``, 10%: a speculative arm must promise that much
+more, since the measured costs are the fastest of a few timings and load on a shared
+machine slows the wide arms more than the AR step).
+
 ``cost`` (ms per round of each arm at this batch and shape) is the cost model, an input of
 the program (measured by :mod:`domino_jax.decode.cost_model` on first use, or loaded from a
 table). ``E_row`` comes from a running, per-row estimate of the acceptance rate at each draft
@@ -91,6 +95,7 @@ class AdaptiveConfig:
     buffer_slack: int = 16
     lookup: tuple[int, ...] = ()
     lookup_ngram: NgramOptions = NGRAM_DEFAULTS
+    margin: float = 0.1
 
     def __post_init__(self):
         if list(self.lookup) != sorted(set(self.lookup)) or any(k < 1 for k in self.lookup):
@@ -110,6 +115,8 @@ class AdaptiveConfig:
         if not 1 <= self.probe_min <= self.probe_max:
             raise ValueError(f"need 1 <= probe_min <= probe_max, got {self.probe_min}, "
                              f"{self.probe_max}")
+        if not 0.0 <= self.margin < 1.0:
+            raise ValueError(f"margin must be in [0, 1), got {self.margin}")
         if self.buffer_slack < 1:
             raise ValueError(f"buffer_slack must be >= 1, got {self.buffer_slack}")
 
@@ -278,7 +285,9 @@ def choose_arm(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, stat
     expected = expected_tokens(adaptive, base, widths, policy, matched)
     tokens = jnp.sum(jnp.where(live[:, None], expected, 0.0), axis=0)     # [A]
     value = tokens / jnp.maximum(policy.costs, 1e-6)
-    best = jnp.argmax(value).astype(jnp.int32)
+    # speculation must beat AR by ``margin``: the calibrated costs are fastest-of timings
+    # and a shared machine's load slows wide arms more than the AR step
+    best = jnp.argmax(value.at[0].multiply(1.0 + adaptive.margin)).astype(jnp.int32)
     best_spec = (jnp.argmax(value[1:]) + 1).astype(jnp.int32)
     rows_after_ar = jnp.where(live, state.context_len + 1, 0)
     buffer_full = jnp.any(rows_after_ar > state.context.shape[1])
