@@ -89,6 +89,9 @@ def test_choose_arm_value_probe_buffer_and_force():
     probe_due = low.replace(since_spec=jnp.int32(2))                    # interval 2 reached
     arm, probed, flush = choose(probe_due, state)
     assert arm > 0 and probed and not flush
+    dear = probe_due.replace(costs=jnp.asarray([1.0, 5.0, 6.0], jnp.float32))  # 4 AR steps extra
+    assert choose(dear, state) == (0, 0, 0)                             # 2 < interval 2 * 4
+    assert choose(dear.replace(since_spec=jnp.int32(8)), state)[1] == 1
     full = _fake_state([False, False], [1, 9])                          # row 1 cannot append
     assert choose(low, full) == (0, 0, 1)                               # AR after a flush
     assert choose(high, full) == (2, 0, 0)                              # drafting reads it

@@ -35,11 +35,13 @@ estimate is too high gets tried and corrected). Chain arms share one set of stat
 ``k``-draft chain is the first ``k`` drafts of the full one); each tree budget has its own.
 Then ``E_row = 1 + sum_j prod_{i <= j} rate_i`` over the arm's depths.
 
-When AR wins, no drafts are observed, so the policy **probes**: after ``probe_interval`` AR
-rounds in a row it runs the best speculative arm once; each probe that does not convince
-doubles the interval (``probe_min`` .. ``probe_max``); a round the policy chooses to speculate
-on its own resets it. The first round the policy would give to AR is a probe (a good
-drafter is seen at once).
+When AR wins, no drafts are observed, so the policy **probes**: after ``probe_interval * e``
+AR rounds in a row, ``e`` the probe's extra cost over an AR step in AR steps (so probes cost
+at most ``1 / probe_interval`` of the AR time, however wide the batch makes the arms), it
+runs the best speculative arm once; each probe that does not convince doubles the interval
+(``probe_min`` .. ``probe_max``); a round the policy chooses to speculate on its own resets
+it. The first round the policy would give to AR is a probe when the probe costs at most two
+AR steps (a good drafter is seen at once).
 
 The drafter reads the target's features of every committed token. AR rounds append theirs
 to the loop's context buffer (``buffer_slack`` rows beyond one round's commit,
@@ -292,7 +294,11 @@ def choose_arm(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, stat
     rows_after_ar = jnp.where(live, state.context_len + 1, 0)
     buffer_full = jnp.any(rows_after_ar > state.context.shape[1])
     chosen = jnp.where(policy.force >= 0, policy.force, best)
-    probe = (chosen == 0) & (policy.force < 0) & (policy.since_spec >= policy.probe_interval)
+    # a probe's extra cost over the AR step, in AR steps, scales the rounds between probes:
+    # probing costs at most 1 / probe_interval of the AR time whatever the arms cost
+    extra = policy.costs[best_spec] / jnp.maximum(policy.costs[0], 1e-6) - 1.0
+    probe = ((chosen == 0) & (policy.force < 0)
+             & (policy.since_spec >= policy.probe_interval * jnp.maximum(extra, 0.0)))
     arm = jnp.where(probe, best_spec, chosen)
     return arm, probe, (arm == 0) & buffer_full
 
