@@ -92,8 +92,8 @@ class AdaptiveConfig:
     decay: float = 0.9
     prior_rate: float = 0.4
     prior_weight: float = 1.0
-    probe_min: int = 8
-    probe_max: int = 64
+    probe_min: int = 16      # probes cost <= 1/16 of the AR time, then 1/32, ...
+    probe_max: int = 128
     buffer_slack: int = 16
     lookup: tuple[int, ...] = ()
     lookup_ngram: NgramOptions = NGRAM_DEFAULTS
