@@ -173,10 +173,14 @@ class ForcedMatch(Match):
     accepted: int = 0
 
     def accept(self, key, proposal, target_log_probs, max_commit):
+        argmax = jnp.argmax(target_log_probs, axis=-1).astype(jnp.int32)
+        return self.accept_greedy(key, proposal, argmax, max_commit)
+
+    def accept_greedy(self, key, proposal, targets, max_commit):
+        """The loop's T = 0 path (the target's argmax tokens ``targets [B, N + 1]``)."""
         batch = proposal.tokens.shape[0]
         accepted = jnp.full((batch,), self.accepted, jnp.int32)
-        bonus = jnp.argmax(target_log_probs[:, self.accepted], axis=-1).astype(jnp.int32)
-        return Verdict(accepted, bonus, None)
+        return Verdict(accepted, targets[:, self.accepted], None)
 
 
 def dflash_config_of(domino: DraftConfig) -> DraftConfig:
