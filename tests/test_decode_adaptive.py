@@ -288,6 +288,8 @@ def test_calibration_line_is_short():
     line = calibration_line((0, 2, 4, 8, 16), [211.9, 225.4, 259.9, 317.0, 429.3], 19.84)
     assert line == (f"[cost model] calibrated widths 0/2/4/8/16 on {jax.devices()[0].platform}"
                     " in 19.8 s (ms per round: 212 225 260 317 429)")
+    line = calibration_line((0, 2, -4), [58.2, 60.1, 55.0], 6.7)
+    assert "widths 0/2/lookup4 on" in line and line.endswith("(ms per round: 58 60 55)")
 
 
 @pytest.mark.slow

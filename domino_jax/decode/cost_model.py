@@ -159,7 +159,8 @@ class CostModel:
 def calibration_line(widths: Sequence[int], costs: Sequence[float], seconds: float) -> str:
     """The one line a calibration prints, e.g. ``[cost model] calibrated widths 0/2/4/8/16
     on cpu in 19.8 s (ms per round: 212 225 260 317 429)`` (the table key, which names the
-    models and shapes, goes to the debug log)."""
-    return (f"[cost model] calibrated widths {'/'.join(map(str, widths))} on "
+    models and shapes, goes to the debug log). A lookup arm (code ``-K``) reads ``lookupK``."""
+    names = [f"lookup{-w}" if w < 0 else str(w) for w in widths]
+    return (f"[cost model] calibrated widths {'/'.join(names)} on "
             f"{jax.devices()[0].platform} in {seconds:.1f} s (ms per round: "
             + " ".join(f"{c:.0f}" for c in costs) + ")")
