@@ -34,7 +34,7 @@ jax.config.update("jax_default_matmul_precision", "highest")
 
 MAX_NEW = 20
 AD = AdaptiveConfig(widths=(0, 2, 4), probe_min=2, probe_max=4, buffer_slack=4)
-AR_FAVOURED = CostModel(costs=[1.0, 5.0, 6.0])
+AR_FAVOURED = CostModel(costs=[1.0, 3.0, 5.0])   # loses even if every draft is accepted
 SPEC_FAVOURED = CostModel(costs=[1.0, 1.05, 1.1])
 MIXED = CostModel(costs=[1.0, 1.6, 2.4])
 
@@ -62,18 +62,25 @@ def test_expected_tokens_and_rates():
     # row 0: depth 1 seen 4x, accepted 2x; depth 2 seen 2x, accepted 2x; deeper never seen
     policy = _policy([[[2, 2, 0, 0]]], [[[4, 2, 0, 0]]])
     rates = np.asarray(adaptive.acceptance_rates(AD, policy))[0, 0]
+    d = AD.depth_discount
     r1 = (2 + AD.prior_rate) / (4 + 1)
-    r2 = (2 + r1) / (2 + 1)
-    np.testing.assert_allclose(rates, [r1, r2, r2, r2], rtol=1e-6)     # unseen: inherit
+    r2 = (2 + d * r1) / (2 + 1)
+    r3, r4 = d * r2, d * d * r2                                         # unseen: discounted
+    np.testing.assert_allclose(rates, [r1, r2, r3, r4], rtol=1e-6)
     tokens = np.asarray(adaptive.expected_tokens(AD, base, widths, policy))[0]
     np.testing.assert_allclose(tokens, [1, 1 + r1 + r1 * r2,
-                                        1 + r1 + r1 * r2 + r1 * r2 ** 2 + r1 * r2 ** 3],
+                                        1 + r1 + r1 * r2 + r1 * r2 * r3 + r1 * r2 * r3 * r4],
                                rtol=1e-6)
+    # without the discount, unseen depths inherit the deepest observed rate
+    flat = dataclasses.replace(AD, depth_discount=1.0)
+    rates = np.asarray(adaptive.acceptance_rates(flat, policy))[0, 0]
+    np.testing.assert_allclose(rates[2:], [(2 + r1) / 3] * 2, rtol=1e-6)
 
 
-def _fake_state(done, context_len, buffer=9):
+def _fake_state(done, context_len, buffer=9, num_out=None):
     return types.SimpleNamespace(done=jnp.asarray(done), context_len=jnp.asarray(context_len),
-                                 context=jnp.zeros((len(done), buffer, 1)))
+                                 context=jnp.zeros((len(done), buffer, 1)),
+                                 num_out=jnp.asarray(num_out or [0] * len(done)))
 
 
 def test_choose_arm_value_probe_buffer_and_force():
@@ -92,6 +99,13 @@ def test_choose_arm_value_probe_buffer_and_force():
     dear = probe_due.replace(costs=jnp.asarray([1.0, 5.0, 6.0], jnp.float32))  # 4 AR steps extra
     assert choose(dear, state) == (0, 0, 0)                             # 2 < interval 2 * 4
     assert choose(dear.replace(since_spec=jnp.int32(8)), state)[1] == 1
+    # a probe needs 2 * 8 = 16 tokens left to repay it (the longest live row counts)
+    late = lambda num_out, done=(False, False): tuple(int(x) for x in adaptive.choose_arm(
+        AD, base, widths, dear.replace(since_spec=jnp.int32(8)),
+        _fake_state(list(done), [1, 1], num_out=num_out), None, 30))
+    assert late([14, 20])[1] == 1                                       # 16 left in row 0
+    assert late([15, 20]) == (0, 0, 0)                                  # 15 left: no probe
+    assert late([0, 15], done=(True, False)) == (0, 0, 0)               # done rows don't count
     full = _fake_state([False, False], [1, 9])                          # row 1 cannot append
     assert choose(low, full) == (0, 0, 1)                               # AR after a flush
     assert choose(high, full) == (2, 0, 0)                              # drafting reads it
@@ -134,7 +148,7 @@ def test_observe_counts_accepts_and_the_first_rejection():
 
 def test_config_errors():
     for bad in (dict(widths=(2, 4)), dict(widths=(0, 4, 2)), dict(widths=(0,)),
-                dict(decay=0.0), dict(probe_min=5, probe_max=4), dict(margin=-0.1)):
+                dict(decay=0.0), dict(depth_discount=0.0), dict(probe_min=5, probe_max=4), dict(margin=-0.1)):
         with pytest.raises(ValueError):
             AdaptiveConfig(**bad)
     for method in ("ar", "ngram"):

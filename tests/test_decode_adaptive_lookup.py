@@ -73,10 +73,10 @@ def test_expected_tokens_and_observe_per_match_length():
     matched = jnp.asarray([0, 1, 2])
     tokens = np.asarray(adaptive.expected_tokens(AD, base, widths, policy, matched))[:, 3]
     def chain(hits):                                   # 10 observations per depth
-        rates, prev = [], AD.prior_rate
+        rates, prior = [], AD.prior_rate
         for _ in range(3):
-            prev = (hits + prev) / 11
-            rates.append(prev)
+            rates.append((hits + prior) / 11)
+            prior = AD.depth_discount * rates[-1]
         return 1 + rates[0] + rates[0] * rates[1] + rates[0] * rates[1] * rates[2]
 
     np.testing.assert_allclose(tokens, [1.0, chain(0.0), chain(10.0)], rtol=1e-5)

@@ -28,10 +28,11 @@ machine slows the wide arms more than the AR step).
 the program (measured by :mod:`domino_jax.decode.cost_model` on first use, or loaded from a
 table). ``E_row`` comes from a running, per-row estimate of the acceptance rate at each draft
 depth ``i`` (the probability that draft ``i`` is accepted given drafts ``1..i-1`` were):
-decayed counts of accepted / observed drafts (``decay`` per observation), shrunk towards the
-estimate of depth ``i - 1`` (depth 1 towards ``prior_rate``) with weight ``prior_weight``, so
-depths never verified inherit the deepest observed rate (optimistic: a wider arm whose
-estimate is too high gets tried and corrected). Chain arms share one set of statistics (a
+decayed counts of accepted / observed drafts (``decay`` per observation), shrunk towards
+``depth_discount`` times the estimate of depth ``i - 1`` (depth 1 towards ``prior_rate``) with
+weight ``prior_weight``, so depths never verified get geometrically lower rates than the
+deepest observed one (pessimistic: after a good 2-draft probe the policy widens step by step,
+as the deeper depths are seen, instead of jumping to 16 drafts on rates it never measured). Chain arms share one set of statistics (a
 ``k``-draft chain is the first ``k`` drafts of the full one); each tree budget has its own.
 Then ``E_row = 1 + sum_j prod_{i <= j} rate_i`` over the arm's depths.
 
@@ -92,6 +93,7 @@ class AdaptiveConfig:
     decay: float = 0.9
     prior_rate: float = 0.4
     prior_weight: float = 1.0
+    depth_discount: float = 0.8
     probe_min: int = 16      # probes cost <= 1/16 of the AR time, then 1/32, ...
     probe_max: int = 128
     buffer_slack: int = 16
@@ -114,6 +116,8 @@ class AdaptiveConfig:
             raise ValueError(f"decay must be in (0, 1], got {self.decay}")
         if not 0.0 <= self.prior_rate <= 1.0 or self.prior_weight <= 0:
             raise ValueError("prior_rate must be in [0, 1] and prior_weight > 0")
+        if not 0.0 < self.depth_discount <= 1.0:
+            raise ValueError(f"depth_discount must be in (0, 1], got {self.depth_discount}")
         if not 1 <= self.probe_min <= self.probe_max:
             raise ValueError(f"need 1 <= probe_min <= probe_max, got {self.probe_min}, "
                              f"{self.probe_max}")
@@ -247,13 +251,16 @@ def init_policy(adaptive: AdaptiveConfig, base, widths: Sequence[int], batch: in
 
 
 def acceptance_rates(adaptive: AdaptiveConfig, policy: PolicyState) -> jax.Array:
-    """``[B, G, D]`` estimated acceptance rate of draft ``i`` given drafts ``1..i-1``."""
-    prev = jnp.full(policy.accepted.shape[:2], adaptive.prior_rate, jnp.float32)
+    """``[B, G, D]`` estimated acceptance rate of draft ``i`` given drafts ``1..i-1``: the
+    decayed counts shrunk towards ``prior_rate`` (depth 1) or ``depth_discount`` times the
+    estimate of depth ``i - 1``."""
+    prior = jnp.full(policy.accepted.shape[:2], adaptive.prior_rate, jnp.float32)
     rates = []
     for i in range(policy.accepted.shape[2]):
-        prev = ((policy.accepted[:, :, i] + adaptive.prior_weight * prev)
+        rate = ((policy.accepted[:, :, i] + adaptive.prior_weight * prior)
                 / (policy.observed[:, :, i] + adaptive.prior_weight))
-        rates.append(prev)
+        rates.append(rate)
+        prior = adaptive.depth_discount * rate
     return jnp.stack(rates, axis=2)
 
 
@@ -279,10 +286,11 @@ def expected_tokens(adaptive: AdaptiveConfig, base, widths, policy: PolicyState,
 
 
 def choose_arm(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, state,
-               matched=None):
+               matched=None, max_new: int | None = None):
     """``(arm, probed, flush)``: the arm of this round (int32), whether a probe overrode an
     AR choice, and whether this AR round must flush the context buffer first (``matched``:
-    see :func:`expected_tokens`)."""
+    see :func:`expected_tokens`; ``max_new``: the run's ``max_new_tokens``, which bounds the
+    tokens left to repay a probe with ``state.num_out``; ``None``: unbounded)."""
     live = ~state.done
     expected = expected_tokens(adaptive, base, widths, policy, matched)
     tokens = jnp.sum(jnp.where(live[:, None], expected, 0.0), axis=0)     # [A]
@@ -297,8 +305,11 @@ def choose_arm(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, stat
     # a probe's extra cost over the AR step, in AR steps, scales the rounds between probes:
     # probing costs at most 1 / probe_interval of the AR time whatever the arms cost
     extra = policy.costs[best_spec] / jnp.maximum(policy.costs[0], 1e-6) - 1.0
-    probe = ((chosen == 0) & (policy.force < 0)
-             & (policy.since_spec >= policy.probe_interval * jnp.maximum(extra, 0.0)))
+    wait = policy.probe_interval * jnp.maximum(extra, 0.0)
+    probe = (chosen == 0) & (policy.force < 0) & (policy.since_spec >= wait)
+    if max_new is not None:       # enough of the run left for a better arm to repay it
+        left = jnp.max(jnp.where(live, max_new - state.num_out, 0))
+        probe &= left >= 2.0 * wait
     arm = jnp.where(probe, best_spec, chosen)
     return arm, probe, (arm == 0) & buffer_full
 
@@ -406,7 +417,8 @@ def adaptive_rounds(target, drafter, config, target_params, draft_params, state,
         state, policy, n = carry
         matched = (lookup_arm.match_lengths(adaptive.lookup_ngram, state) if adaptive.lookup
                    else None)
-        arm, probed, flush = choose_arm(adaptive, drafter, widths, policy, state, matched)
+        arm, probed, flush = choose_arm(adaptive, drafter, widths, policy, state, matched,
+                                        config.max_new_tokens)
         new = jax.lax.switch(jnp.where(flush, len(widths), arm), branches, state)
         policy = observe(adaptive, drafter, widths, policy, arm, probed, state, new, matched)
         return new, policy, n + 1
