@@ -235,6 +235,38 @@ def test_ar_rounds_feed_the_draft_cache_as_prefill_would():
                                        rtol=1e-5, atol=1e-5)
 
 
+def test_narrow_drafting_proposes_what_the_whole_buffer_does():
+    """A 2-draft arm drafts from the buffer's first ``narrow_rows`` rows when every row's
+    buffered context fits there (same drafts, same draft cache), else from the whole
+    buffer (a row with more rows: nothing clipped)."""
+    from decode_helpers import fixture_models
+    from domino_jax.decode import round as round_lib
+
+    target, params, dcfg, dparams, _ = fixture_models("dflash")
+    prompts = [list(range(3, 8)), list(range(10, 19))]
+    drafter = make_drafter(dcfg, target, "dflash")
+    config = DecodeConfig(method="dflash", max_new_tokens=MAX_NEW, adaptive=AD)
+    prep = speculative._prepare(target, params, prompts, config, drafter, dparams, 0)
+    state = prep.prefill_fn(params, dparams, prep.prompt, prep.prompt_len, prep.key)
+    state = state.replace(context=jax.random.normal(jax.random.PRNGKey(1), state.context.shape))
+    arm = adaptive.arm_drafter(prep.drafter, 2)
+    rows = adaptive.narrow_rows(prep.drafter, arm)
+    assert rows == adaptive.NARROW_MIN_ROWS < state.context.shape[1]
+    key = jax.random.PRNGKey(0)
+    for lens in ([3, rows], [3, rows + 1]):
+        s = state.replace(context_len=jnp.asarray(lens, jnp.int32))
+        got = adaptive.draft_narrow(arm, rows, config, params, dparams, s, key)
+        want = round_lib.draft(arm, config, params, dparams, s, key)
+        np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
+        lengths = np.asarray(want.draft_cache.lengths)
+        np.testing.assert_array_equal(np.asarray(got.draft_cache.lengths), lengths)
+        for row, n in enumerate(lengths):
+            for a, b in ((got.draft_cache.keys, want.draft_cache.keys),
+                         (got.draft_cache.values, want.draft_cache.values)):
+                np.testing.assert_allclose(np.asarray(a[:, row, :n]), np.asarray(b[:, row, :n]),
+                                           rtol=1e-5, atol=1e-5)
+
+
 def test_tree_budget_auto_equals_ar():
     cfg = draft_config(32, block=4, shift=True, prefix=0, gru=32, emb=32)
     target, params = perm_target(PI, attn_scale=0.3, seed=1)

@@ -365,6 +365,39 @@ def flush_buffer(base, target_params, draft_params, state):
     return state.replace(draft_cache=draft_cache, context_len=jnp.zeros_like(state.context_len))
 
 
+NARROW_MIN_ROWS = 8
+
+
+def narrow_rows(base, drafter) -> int:
+    """Context rows a drafter arm's narrow program reads: its own commit's rows (a round
+    of this arm leaves that many), at least :data:`NARROW_MIN_ROWS` (a few AR rounds after
+    it still fit), at most the whole buffer."""
+    return min(buffer_rows(base), max(NARROW_MIN_ROWS, drafter.max_commit))
+
+
+def draft_narrow(drafter, rows: int, config, target_params, draft_params, state, key):
+    """:func:`domino_jax.decode.round.draft` on the buffer's first ``rows`` rows when
+    every live row's buffered context fits in them, else on the whole buffer (``lax.cond``).
+
+    The backbone's cost grows with the context rows it reads: a 2-draft arm fed the whole
+    33-row buffer (16 drafts' commit + the AR slack) cost 17% more than a plain 2-draft
+    round (``benchmarks/ar_arm_cost.py``, CPU, batch 4). The rows past ``context_len`` are
+    masked either way, so both programs propose the same drafts (done rows, whose context
+    no longer matters, are clipped to ``rows``)."""
+    if rows >= state.context.shape[1]:
+        return round_lib.draft(drafter, config, target_params, draft_params, state, key)
+
+    def narrow(s):
+        s = s.replace(context=s.context[:, :rows], context_len=jnp.minimum(s.context_len, rows))
+        return round_lib.draft(drafter, config, target_params, draft_params, s, key)
+
+    def full(s):
+        return round_lib.draft(drafter, config, target_params, draft_params, s, key)
+
+    fits = jnp.all(state.done | (state.context_len <= rows))
+    return jax.lax.cond(fits, narrow, full, state)
+
+
 def arm_round(target, base, width: int, config, target_params, draft_params, state,
               flush: bool = False):
     """One round of the arm of ``width`` (0 = the AR step) on the round contract's stages
@@ -378,8 +411,8 @@ def arm_round(target, base, width: int, config, target_params, draft_params, sta
     key, draft_key, verify_key = jax.random.split(state.key, 3)
     drafter = arm_drafter(base, width)
     if drafter is not None:
-        proposal = round_lib.draft(drafter, config, target_params, draft_params, state,
-                                   draft_key)
+        proposal = draft_narrow(drafter, narrow_rows(base, drafter), config, target_params,
+                                draft_params, state, draft_key)
         verified = round_lib.verify(target, drafter, config, target_params, state, proposal,
                                     verify_key)
         new = round_lib.commit(drafter, config, state, verified, key)
