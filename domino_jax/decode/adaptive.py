@@ -380,10 +380,10 @@ def draft_narrow(drafter, rows: int, config, target_params, draft_params, state,
     every live row's buffered context fits in them, else on the whole buffer (``lax.cond``).
 
     The backbone's cost grows with the context rows it reads: a 2-draft arm fed the whole
-    33-row buffer (16 drafts' commit + the AR slack) cost 17% more than a plain 2-draft
-    round (``benchmarks/ar_arm_cost.py``, CPU, batch 4). The rows past ``context_len`` are
-    masked either way, so both programs propose the same drafts (done rows, whose context
-    no longer matters, are clipped to ``rows``)."""
+    33-row buffer (16 drafts' commit + the AR slack) cost 3% more than the plain 2-draft
+    loop, reading 8 rows the same (``benchmarks/ar_arm_cost.py``, CPU, batch 4, NOTES entry
+    21). The rows past ``context_len`` are masked either way, so both programs propose the
+    same drafts (done rows, whose context no longer matters, are clipped to ``rows``)."""
     if rows >= state.context.shape[1]:
         return round_lib.draft(drafter, config, target_params, draft_params, state, key)
 
