@@ -318,12 +318,16 @@ def test_calibrate_fastest_never_falls_with_the_width():
     times = {0: [5.0, 4.0, 6.0], 1: [3.0, 3.0, 9.0], 2: [8.0, 7.0, 9.0]}     # ms per round
     calls = {a: 0 for a in times}
 
+    overheads = iter([0.009, 0.006, 0.008])               # s per call: the fastest counts
+
     def run_forced(arm, rounds):
         if rounds == 1:                                   # the untimed warm-up
             return 1.0, 1
+        if rounds == 0:                                   # the call's fixed cost
+            return next(overheads), 0
         value = times[arm][calls[arm]]
         calls[arm] += 1
-        return value * rounds / 1e3, rounds
+        return 0.006 + value * rounds / 1e3, rounds       # 6 ms a call + the rounds
 
     costs, samples = calibrate(run_forced, 3, rounds=2, reps=3)
     np.testing.assert_allclose(costs, [4.0, 4.0, 7.0])    # fastest; arm 1's 3 lifted to 4

@@ -100,11 +100,29 @@ def test_expected_tokens_and_observe_per_match_length():
     assert observed[:, 0].sum() == 0 and list(np.asarray(new.arm_rounds)) == [0, 0, 0, 1]
 
 
+def test_one_lookup_serves_every_arm():
+    """The loop's one lookup a round (``round_lookup`` at the widest arm) gives each
+    ``k``-token arm what its own lookup (``LookupArm.propose``) would: the first ``k``."""
+    from domino_jax.decode.ngram import NGRAM_DEFAULTS
+
+    rng = np.random.default_rng(0)
+    history = jnp.asarray(rng.integers(0, 6, (4, 40)), jnp.int32)     # repeats: matches
+    state = types.SimpleNamespace(history=history, draft_cache=None,
+                                  target_cache=types.SimpleNamespace(
+                                      lengths=jnp.asarray([5, 17, 30, 38], jnp.int32)))
+    wide = lookup_arm.round_lookup(NGRAM_DEFAULTS, state, 6)
+    assert int((wide.match_len > 0).sum()) >= 3
+    for k in (1, 3, 6):
+        arm = lookup_arm.LookupArm(num_tokens=k, options=NGRAM_DEFAULTS)
+        own = arm.propose(None, None, state, None, None)
+        np.testing.assert_array_equal(np.asarray(wide.drafts[:, :k]), np.asarray(own.tokens))
+
+
 def test_calibrate_kinds_are_monotone_apart():
     times = [4.0, 6.0, 8.0, 3.0, 5.0]                 # AR, chains 2/4, lookups 2/4 (ms)
 
     def run_forced(arm, rounds):
-        return times[arm] * rounds / 1e3, rounds
+        return (times[arm] * rounds / 1e3, rounds) if rounds else (0.0, 0)
 
     costs, _ = calibrate(run_forced, 5, rounds=2, reps=1, kinds=[0, 0, 0, 1, 1])
     np.testing.assert_allclose(costs, times)          # a cheap lookup is not lifted to AR's

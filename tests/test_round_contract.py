@@ -136,3 +136,32 @@ def test_float32_programs_use_full_precision(monkeypatch):
     (f32_precision, f32_text), (bf16_precision, bf16_text) = seen[:2], seen[2:]
     assert f32_precision == "highest" and bf16_precision == "default"
     assert "HIGHEST" in f32_text and "HIGHEST" not in bf16_text
+
+
+def test_greedy_path_belongs_to_the_class_that_defines_accept():
+    """T = 0 takes a rule's ``accept_greedy`` only when it speaks for its ``accept``: a
+    subclass that overrides ``accept`` alone gets the general path (its override), not the
+    parent's greedy shortcut."""
+    from domino_jax.decode.verify import Match, Rejection
+
+    class OverridesAccept(Match):
+        def accept(self, key, proposal, target_log_probs, max_commit):
+            return super().accept(key, proposal, target_log_probs, max_commit)
+
+    class OverridesBoth(OverridesAccept):
+        def accept_greedy(self, key, proposal, targets, max_commit):
+            return Match().accept_greedy(key, proposal, targets, max_commit)
+
+    class OverridesGreedyOnly(Match):
+        def accept_greedy(self, key, proposal, targets, max_commit):
+            return Match().accept_greedy(key, proposal, targets, max_commit)
+
+    class AcceptOnly:
+        def accept(self, key, proposal, target_log_probs, max_commit):
+            raise NotImplementedError
+
+    assert round_lib.has_greedy_path(Match()) and round_lib.has_greedy_path(Rejection())
+    assert not round_lib.has_greedy_path(OverridesAccept())
+    assert round_lib.has_greedy_path(OverridesBoth())
+    assert round_lib.has_greedy_path(OverridesGreedyOnly())
+    assert not round_lib.has_greedy_path(AcceptOnly())

@@ -94,8 +94,8 @@ class AdaptiveConfig:
     prior_rate: float = 0.4
     prior_weight: float = 1.0
     depth_discount: float = 0.8
-    probe_min: int = 16      # probes cost <= 1/16 of the AR time, then 1/32, ...
-    probe_max: int = 128
+    probe_min: int = 32      # probes cost <= 1/32 of the AR time, then 1/64, ...
+    probe_max: int = 256
     buffer_slack: int = 16
     lookup: tuple[int, ...] = ()
     lookup_ngram: NgramOptions = NGRAM_DEFAULTS
@@ -267,7 +267,7 @@ def acceptance_rates(adaptive: AdaptiveConfig, policy: PolicyState) -> jax.Array
 def expected_tokens(adaptive: AdaptiveConfig, base, widths, policy: PolicyState,
                     matched=None) -> jax.Array:
     """``[B, A]`` expected tokens committed by each arm for each row; ``matched [B]``: the
-    rows' lookup match lengths this round (:func:`~domino_jax.decode.lookup_arm.match_lengths`;
+    rows' lookup match lengths this round (:func:`~domino_jax.decode.lookup_arm.round_lookup`;
     needed with lookup arms: a row without a match expects 1 token from them)."""
     survive = jnp.cumsum(jnp.cumprod(acceptance_rates(adaptive, policy), axis=2), axis=2)
     ones = jnp.ones(survive.shape[:1], jnp.float32)
@@ -399,15 +399,16 @@ def draft_narrow(drafter, rows: int, config, target_params, draft_params, state,
 
 
 def arm_round(target, base, width: int, config, target_params, draft_params, state,
-              flush: bool = False):
+              flush: bool = False, lookup_drafts=None):
     """One round of the arm of ``width`` (0 = the AR step) on the round contract's stages
     (:mod:`domino_jax.decode.round`), on the loop's state shapes; ``flush``: commit the
-    context buffer to the draft cache before the AR step."""
+    context buffer to the draft cache before the AR step; ``lookup_drafts``: this round's
+    prompt lookup (:func:`~domino_jax.decode.lookup_arm.round_lookup`), read by lookup arms."""
     buffer = state.context.shape[1]
     if lookup_arm.is_lookup(width):
         return lookup_arm.lookup_round(
             target, base, -width, config, target_params, draft_params, state,
-            lambda s: flush_buffer(base, target_params, draft_params, s))
+            lambda s: flush_buffer(base, target_params, draft_params, s), lookup_drafts)
     key, draft_key, verify_key = jax.random.split(state.key, 3)
     drafter = arm_drafter(base, width)
     if drafter is not None:
@@ -437,10 +438,10 @@ def adaptive_rounds(target, drafter, config, target_params, draft_params, state,
     ``drafter`` is the loop's :func:`base_drafter`. Returns ``(state, policy)``."""
     adaptive = config.adaptive
     widths = resolve_widths(adaptive, drafter)
-    branches = [lambda s, w=w: arm_round(target, drafter, w, config, target_params,
-                                         draft_params, s) for w in widths]
-    branches.append(lambda s: arm_round(target, drafter, 0, config, target_params,
-                                        draft_params, s, flush=True))
+    branches = [lambda s, d, w=w: arm_round(target, drafter, w, config, target_params,
+                                            draft_params, s, lookup_drafts=d) for w in widths]
+    branches.append(lambda s, d: arm_round(target, drafter, 0, config, target_params,
+                                           draft_params, s, flush=True))
 
     def cond(carry):
         state, _, n = carry
@@ -448,11 +449,13 @@ def adaptive_rounds(target, drafter, config, target_params, draft_params, state,
 
     def body(carry):
         state, policy, n = carry
-        matched = (lookup_arm.match_lengths(adaptive.lookup_ngram, state) if adaptive.lookup
-                   else None)
+        matched = drafts = None
+        if adaptive.lookup:           # one lookup for the policy and every lookup arm
+            lookup = lookup_arm.round_lookup(adaptive.lookup_ngram, state, max(adaptive.lookup))
+            matched, drafts = lookup.match_len, lookup.drafts
         arm, probed, flush = choose_arm(adaptive, drafter, widths, policy, state, matched,
                                         config.max_new_tokens)
-        new = jax.lax.switch(jnp.where(flush, len(widths), arm), branches, state)
+        new = jax.lax.switch(jnp.where(flush, len(widths), arm), branches, state, drafts)
         policy = observe(adaptive, drafter, widths, policy, arm, probed, state, new, matched)
         return new, policy, n + 1
 
@@ -474,7 +477,7 @@ def arm_name(width: int) -> str:
     """``"ar"``, ``"draft{w}"`` (a drafter arm: chain length or tree budget) or
     ``"lookup{k}"``."""
     if lookup_arm.is_lookup(width):
-        return f"lookup{-width}"
+        return lookup_arm.lookup_name(width)
     return "ar" if width == 0 else f"draft{width}"
 
 

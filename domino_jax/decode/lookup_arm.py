@@ -58,6 +58,11 @@ def is_lookup(code: int) -> bool:
     return code < 0
 
 
+def lookup_name(code: int) -> str:
+    """A lookup arm's name in stats, tables and logs: ``lookupK`` (code ``-K``)."""
+    return f"lookup{-code}"
+
+
 def lookup_codes(lookup, top: int) -> tuple[int, ...]:
     """The arm codes ``(-k, ...)`` of ``AdaptiveConfig.lookup`` for a drafter whose widest
     chain has ``top`` drafts (a lookup round commits at most ``k + 1 <= top + 1`` rows: the
@@ -69,12 +74,15 @@ def lookup_codes(lookup, top: int) -> tuple[int, ...]:
     return tuple(-k for k in lookup)
 
 
-def match_lengths(options: NgramOptions, state) -> jax.Array:
-    """``[B]`` int32: each row's matched suffix length this round (0 = no match)."""
+def round_lookup(options: NgramOptions, state, num_tokens: int):
+    """This round's prompt lookup for every row, once for all lookup arms:
+    :class:`~domino_jax.decode.ngram.Lookup` with ``drafts [B, num_tokens]`` (the widest
+    arm's; a ``k``-token arm proposes the first ``k``: the match does not depend on how many
+    tokens are read after it) and ``match_len [B]`` (0 = no match)."""
     return lookup_drafts(state.history, state.target_cache.lengths + 1,
                          max_ngram=options.max_ngram, min_ngram=options.min_ngram,
-                         num_tokens=1, occurrence=options.occurrence,
-                         wrap=options.wrap).match_len
+                         num_tokens=num_tokens, occurrence=options.occurrence,
+                         wrap=options.wrap)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,19 +135,24 @@ def append_rows(buffer: jax.Array, buffer_len: jax.Array, rows: jax.Array,
 
 
 def lookup_round(target, base, num_tokens: int, config, target_params, draft_params, state,
-                 flush_fn):
+                 flush_fn, drafts=None):
     """One round of the lookup arm of ``num_tokens`` on the adaptive loop's state
     (``base``: the loop's base drafter). When a live row's buffer cannot take ``k + 1``
     more rows, ``flush_fn(state)`` first commits the buffer to the draft cache (the
     adaptive loop's flush); then draft (lookup) -> verify -> commit, and the committed
-    rows' features are appended to the buffer."""
+    rows' features are appended to the buffer. ``drafts [B, >= num_tokens]``: this round's
+    lookup already made (:func:`round_lookup`; the flush leaves the token history as it
+    is), else :meth:`LookupArm.propose` runs it."""
     buffer = state.context.shape[1]
     live = ~state.done
     full = jnp.any(live & (state.context_len + num_tokens + 1 > buffer))
     state = jax.lax.cond(full, flush_fn, lambda s: s, state)
     key, draft_key, verify_key = jax.random.split(state.key, 3)
     arm = LookupArm(base=base, num_tokens=num_tokens, options=config.adaptive.lookup_ngram)
-    proposal = round_lib.draft(arm, config, target_params, draft_params, state, draft_key)
+    if drafts is None:
+        proposal = round_lib.draft(arm, config, target_params, draft_params, state, draft_key)
+    else:
+        proposal = Proposal(drafts[:, :num_tokens], state.draft_cache)
     verified = round_lib.verify(target, arm, config, target_params, state, proposal,
                                 verify_key)
     new = round_lib.commit(arm, config, state, verified, key)

@@ -110,13 +110,25 @@ def verify_forward(target: TargetLM, drafter: Drafter, target_params, state: Dec
                         tap_ids=drafter.tap_ids)
 
 
+def has_greedy_path(rule) -> bool:
+    """Whether a verification rule's ``accept_greedy`` speaks for its ``accept``: it has one,
+    defined by the class that defines ``accept`` or by a subclass of it. A subclass that
+    overrides only ``accept`` gets the general path at T = 0 too, not its parent's greedy
+    shortcut (which would ignore the override)."""
+    def owner(name):
+        return next((c for c in type(rule).__mro__ if name in vars(c)), None)
+
+    greedy, general = owner("accept_greedy"), owner("accept")
+    return greedy is not None and general is not None and issubclass(greedy, general)
+
+
 def accept(drafter: Drafter, config, proposal: Proposal, out: TargetOutput,
            key: jax.Array) -> Verdict:
     """The config's verification rule on the verify forward's logits (processed by the
     config's sampling settings). Greedy: the rule's ``accept_greedy`` on the argmax tokens
     where it has one (the same verdict; sampling ``V`` Gumbels per verify row from a one-hot
     distribution was most of an AR step's non-matmul time on the CPU)."""
-    if config.sampling.greedy and hasattr(config.verify, "accept_greedy"):
+    if config.sampling.greedy and has_greedy_path(config.verify):
         return config.verify.accept_greedy(key, proposal, greedy_tokens(out.logits),
                                            drafter.max_commit)
     log_p = target_log_probs(out.logits, config.sampling)

@@ -284,7 +284,9 @@ def verify_rule(rule) -> Match | Rejection:
     (anything with ``accept(key, proposal, target_log_probs, max_commit) -> Verdict``;
     optionally ``accept_greedy(key, proposal, targets, max_commit)``, the verdict at
     temperature 0 from the target's argmax tokens ``[B, N + 1]``, which greedy decoding
-    then calls instead: no one-hot ``[B, N + 1, V]`` distribution, no sampling)."""
+    then calls instead: no one-hot ``[B, N + 1, V]`` distribution, no sampling; only when
+    the class that defines ``accept`` or a subclass of it defines it too:
+    :func:`domino_jax.decode.round.has_greedy_path`)."""
     if isinstance(rule, str):
         if rule not in VERIFY_RULES:
             raise ValueError(f"unknown verification rule {rule!r}; choose one of "
