@@ -105,7 +105,9 @@ def calibrate(run_forced: Callable[[int, int], tuple[float, int]], num_arms: int
     ``reps`` calls that run no round (``run_forced(0, 0)``): divided over a few rounds it
     would lift every arm by the same milliseconds and squeeze their ratios. On the H200
     that was ~6 ms a call: an AR step calibrated at 6.9 ms over 3 rounds against 4.9 ms in
-    the loop, 16 drafts at 1.29 AR steps against 1.45 (NOTES entry 21)."""
+    the loop, 16 drafts at 1.29 AR steps against 1.45: the costs in
+    ``benchmarks/results/batch_sweep_costs_h200_2026-12-02_072643.json`` against the
+    loop's ms per round in ``batch_sweep_2026-12-02_072643.md``)."""
     run_forced(0, 1)
     overhead = min(run_forced(0, 0)[0] for _ in range(max(reps, 1)))
     samples: list[list[float]] = [[] for _ in range(num_arms)]
