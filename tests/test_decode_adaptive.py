@@ -42,11 +42,13 @@ MIXED = CostModel(costs=[1.0, 1.6, 2.4])
 # ------------------------------------------------------------------- the policy, by hand
 
 
-def _policy(accepted, observed, costs=(1.0, 1.5, 2.0), force=-1, since=0, interval=2):
+def _policy(accepted, observed, costs=(1.0, 1.5, 2.0), force=-1, since=0, interval=2,
+            since_widen=0, widen_interval=2):
     acc = jnp.asarray(accepted, jnp.float32)
     return adaptive.PolicyState(acc, jnp.asarray(observed, jnp.float32),
                                 jnp.asarray(costs, jnp.float32), jnp.int32(force),
-                                jnp.int32(since), jnp.int32(interval), jnp.zeros(3, jnp.int32))
+                                jnp.int32(since), jnp.int32(interval), jnp.zeros(3, jnp.int32),
+                                jnp.int32(since_widen), jnp.int32(widen_interval))
 
 
 def _chain_base():
@@ -119,6 +121,41 @@ def test_choose_arm_value_probe_buffer_and_force():
     no_margin = dataclasses.replace(AD, margin=0.0)
     assert int(adaptive.choose_arm(no_margin, base, widths, close, state)[0]) == 1
     assert choose(close, state) == (0, 0, 0)
+
+
+def test_widening_probe_runs_the_next_wider_chain_arm():
+    base = _chain_base()
+    widths = (0, 2, 4)
+    # depths 1-2 accepted 20 of 20, 3-4 never verified: with the discount the 2-draft arm
+    # wins (value 2.91 / 1.5 = 1.94 against 4.1 / 2.2 = 1.86), without it the 4-draft arm
+    # would (4.7 / 2.2 = 2.14)
+    seen = _policy([[[20, 20, 0, 0]]], [[[20, 20, 0, 0]]], costs=(1.0, 1.5, 2.2))
+    state = _fake_state([False], [1])
+    choose = lambda policy, **kw: tuple(
+        int(x) for x in adaptive.choose_arm(AD, base, widths, policy, state, **kw))
+    assert choose(seen) == (1, 0, 0)                   # since_widen 0 < 2 * (2.2/1.5 - 1)
+    due = seen.replace(since_widen=jnp.int32(1))
+    assert choose(due) == (2, adaptive.WIDEN_PROBE, 0)
+    assert choose(due.replace(force=jnp.int32(1))) == (1, 0, 0)         # calibration: never
+    assert choose(due.replace(widen_interval=jnp.int32(4))) == (1, 0, 0)  # 1 < 4 * 0.47
+    # a poor depth 2 promises nothing deeper, discount or not
+    poor = _policy([[[20, 2, 0, 0]]], [[[20, 20, 0, 0]]], costs=(1.0, 1.5, 2.2),
+                   since_widen=9)
+    assert choose(poor)[:2] == (1, 0)
+    # the widest arm has nothing wider; AR's probes are the AR probes
+    assert adaptive._next_wider(base, widths) == (0, 2, 2)
+    # the widening probe's interval doubles; the AR probes' is left as a speculative round's
+    before = types.SimpleNamespace(done=jnp.asarray([False]), target_cache=types.SimpleNamespace(
+        lengths=jnp.asarray([10])))
+    after = types.SimpleNamespace(target_cache=types.SimpleNamespace(lengths=jnp.asarray([15])))
+    new = adaptive.observe(AD, base, widths, due, jnp.int32(2), jnp.int32(adaptive.WIDEN_PROBE),
+                           before, after)
+    assert int(new.widen_interval) == 4 and int(new.since_widen) == 0
+    assert int(new.probe_interval) == AD.probe_min and int(new.since_spec) == 0
+    np.testing.assert_allclose(np.asarray(new.observed)[0, 0], [19, 19, 1, 1])   # decay 0.9
+    np.testing.assert_allclose(np.asarray(new.accepted)[0, 0], [19, 19, 1, 1])
+    plain = adaptive.observe(AD, base, widths, due, jnp.int32(1), jnp.int32(0), before, after)
+    assert int(plain.widen_interval) == 2 and int(plain.since_widen) == 2
 
 
 def test_observe_counts_accepts_and_the_first_rejection():

@@ -44,6 +44,15 @@ runs the best speculative arm once; each probe that does not convince doubles th
 it. The first round the policy would give to AR is a probe when the probe costs at most two
 AR steps (a good drafter is seen at once).
 
+A chain arm of ``k`` drafts never verifies depths beyond ``k``, so their discounted estimates
+alone could keep the policy at ``k`` for good (measured on the H200 at the Qwen3-8B shape,
+forced tau 6: 8 drafts chosen at batch 1 where 16 were 12% faster, 4 at batch 32 where 8
+were faster). So the policy also **widens by probing**: when the next wider chain arm would
+beat the chosen one with its unseen depths at the deepest observed rate (no discount), it
+runs once after ``widen_interval * e`` rounds, ``e`` its extra cost over the chosen arm's as
+a fraction (so widening probes cost at most ``1 / widen_interval`` extra); each doubles the
+interval (``probe_min`` .. ``probe_max``). The real rates it sees then decide.
+
 The drafter reads the target's features of every committed token. AR rounds append theirs
 to the loop's context buffer (``buffer_slack`` rows beyond one round's commit,
 ``BlockDrafter.context_slack``); a speculative round feeds the whole buffer to the drafter.
@@ -206,6 +215,8 @@ class PolicyState:
     since_spec: jax.Array      # int32 AR rounds since the last speculative round
     probe_interval: jax.Array  # int32 AR rounds before the next probe
     arm_rounds: jax.Array      # [A] int32 rounds run per arm
+    since_widen: jax.Array     # int32 rounds since the last widening probe
+    widen_interval: jax.Array  # int32 scales the rounds before the next widening probe
 
 
 def _num_groups(adaptive: AdaptiveConfig, base, widths) -> int:
@@ -247,7 +258,8 @@ def init_policy(adaptive: AdaptiveConfig, base, widths: Sequence[int], batch: in
     # since_spec = probe_min: the first round the policy would give to AR is a probe, so a
     # good drafter is seen at once (not after probe_min AR rounds)
     return PolicyState(zeros, zeros, costs, jnp.int32(force), jnp.int32(adaptive.probe_min),
-                       jnp.int32(adaptive.probe_min), jnp.zeros((len(widths),), jnp.int32))
+                       jnp.int32(adaptive.probe_min), jnp.zeros((len(widths),), jnp.int32),
+                       jnp.int32(0), jnp.int32(adaptive.probe_min))
 
 
 def acceptance_rates(adaptive: AdaptiveConfig, policy: PolicyState) -> jax.Array:
@@ -285,16 +297,38 @@ def expected_tokens(adaptive: AdaptiveConfig, base, widths, policy: PolicyState,
     return jnp.stack(cols, axis=1)
 
 
+NO_PROBE, AR_PROBE, WIDEN_PROBE = 0, 1, 2
+
+
+def _next_wider(base, widths) -> tuple[int, ...]:
+    """Per arm, the next wider chain drafter arm (itself for the AR step, the widest chain
+    arm, lookup arms and every tree arm: each tree budget has its own statistics)."""
+    drafter_arms = _num_drafter_arms(widths)
+    return tuple(a + 1 if (not _is_tree(base) and 0 < a and a + 1 < drafter_arms) else a
+                 for a in range(len(widths)))
+
+
 def choose_arm(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, state,
                matched=None, max_new: int | None = None):
-    """``(arm, probed, flush)``: the arm of this round (int32), whether a probe overrode an
-    AR choice, and whether this AR round must flush the context buffer first (``matched``:
-    see :func:`expected_tokens`; ``max_new``: the run's ``max_new_tokens``, which bounds the
-    tokens left to repay a probe with ``state.num_out``; ``None``: unbounded)."""
+    """``(arm, probe, flush)``: the arm of this round (int32), which probe overrode the
+    policy's choice (``NO_PROBE``, ``AR_PROBE``: a speculative arm instead of AR,
+    ``WIDEN_PROBE``: the next wider chain arm instead of the chosen one), and whether this
+    AR round must flush the context buffer first (``matched``: see :func:`expected_tokens`;
+    ``max_new``: the run's ``max_new_tokens``, which bounds the tokens left to repay a probe
+    with ``state.num_out``; ``None``: unbounded)."""
     live = ~state.done
-    expected = expected_tokens(adaptive, base, widths, policy, matched)
-    tokens = jnp.sum(jnp.where(live[:, None], expected, 0.0), axis=0)     # [A]
-    value = tokens / jnp.maximum(policy.costs, 1e-6)
+
+    def values(config):
+        expected = expected_tokens(config, base, widths, policy, matched)
+        tokens = jnp.sum(jnp.where(live[:, None], expected, 0.0), axis=0)     # [A]
+        return tokens / jnp.maximum(policy.costs, 1e-6)
+
+    def repaid(wait):             # enough of the run left for a better arm to repay a probe
+        if max_new is None:
+            return jnp.bool_(True)
+        return jnp.max(jnp.where(live, max_new - state.num_out, 0)) >= 2.0 * wait
+
+    value = values(adaptive)
     # speculation must beat AR by ``margin``: the calibrated costs are fastest-of timings
     # and a shared machine's load slows wide arms more than the AR step
     best = jnp.argmax(value.at[0].multiply(1.0 + adaptive.margin)).astype(jnp.int32)
@@ -306,19 +340,29 @@ def choose_arm(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, stat
     # probing costs at most 1 / probe_interval of the AR time whatever the arms cost
     extra = policy.costs[best_spec] / jnp.maximum(policy.costs[0], 1e-6) - 1.0
     wait = policy.probe_interval * jnp.maximum(extra, 0.0)
-    probe = (chosen == 0) & (policy.force < 0) & (policy.since_spec >= wait)
-    if max_new is not None:       # enough of the run left for a better arm to repay it
-        left = jnp.max(jnp.where(live, max_new - state.num_out, 0))
-        probe &= left >= 2.0 * wait
-    arm = jnp.where(probe, best_spec, chosen)
-    return arm, probe, (arm == 0) & buffer_full
+    probe = (chosen == 0) & (policy.force < 0) & (policy.since_spec >= wait) & repaid(wait)
+    # widening: a chain arm's depths beyond the chosen width are never verified, so their
+    # discounted estimates could keep the policy narrow for good; when the next wider arm
+    # would win with those depths at the deepest observed rate (no discount), it runs once,
+    # at most 1 / widen_interval of the time extra, as for the AR probes
+    wider = jnp.asarray(_next_wider(base, widths), jnp.int32)[chosen]
+    optimistic = values(dataclasses.replace(adaptive, depth_discount=1.0))
+    extra_w = policy.costs[wider] / jnp.maximum(policy.costs[chosen], 1e-6) - 1.0
+    wait_w = policy.widen_interval * jnp.maximum(extra_w, 0.0)
+    widen = ((wider != chosen) & (policy.force < 0) & (optimistic[wider] > value[chosen])
+             & (policy.since_widen >= wait_w) & repaid(wait_w))
+    arm = jnp.where(probe, best_spec, jnp.where(widen, wider, chosen))
+    kind = jnp.where(probe, AR_PROBE, jnp.where(widen, WIDEN_PROBE, NO_PROBE)).astype(jnp.int32)
+    return arm, kind, (arm == 0) & buffer_full
 
 
-def observe(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, arm, probed,
+def observe(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, arm, probe,
             before, after, matched=None) -> PolicyState:
     """Fold one round's outcome into the statistics: per live row, drafts ``1..accepted``
     were accepted and draft ``accepted + 1`` (if the arm verified it) was rejected (a
-    lookup arm: in the row's match-length group, rows that matched only)."""
+    lookup arm: in the row's match-length group, rows that matched only). ``probe``: the
+    kind :func:`choose_arm` returned; each probe doubles its own interval (up to
+    ``probe_max``); a speculative round the policy chose resets the AR probes' interval."""
     groups = arm_groups(base, widths)
     depth_of = jnp.asarray([d for _, d in groups], jnp.int32)[arm]
     row_group, counts = _row_groups(adaptive, base, widths, arm, matched,
@@ -334,11 +378,16 @@ def observe(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, arm, pr
     acc = jnp.where(seen3, adaptive.decay * policy.accepted + hit[:, None, :], policy.accepted)
     obs = jnp.where(seen3, adaptive.decay * policy.observed + 1.0, policy.observed)
     speculative = arm > 0
+    probed, widened = probe == AR_PROBE, probe == WIDEN_PROBE
     interval = jnp.where(probed, jnp.minimum(2 * policy.probe_interval, adaptive.probe_max),
                          jnp.where(speculative, adaptive.probe_min, policy.probe_interval))
+    widen_interval = jnp.where(widened,
+                               jnp.minimum(2 * policy.widen_interval, adaptive.probe_max),
+                               policy.widen_interval)
     return PolicyState(acc, obs, policy.costs, policy.force,
                        jnp.where(speculative, 0, policy.since_spec + 1), interval,
-                       policy.arm_rounds.at[arm].add(1))
+                       policy.arm_rounds.at[arm].add(1),
+                       jnp.where(widened, 0, policy.since_widen + 1), widen_interval)
 
 
 def _fit_context(context: jax.Array, width: int) -> jax.Array:
@@ -453,10 +502,10 @@ def adaptive_rounds(target, drafter, config, target_params, draft_params, state,
         if adaptive.lookup:           # one lookup for the policy and every lookup arm
             lookup = lookup_arm.round_lookup(adaptive.lookup_ngram, state, max(adaptive.lookup))
             matched, drafts = lookup.match_len, lookup.drafts
-        arm, probed, flush = choose_arm(adaptive, drafter, widths, policy, state, matched,
-                                        config.max_new_tokens)
+        arm, probe, flush = choose_arm(adaptive, drafter, widths, policy, state, matched,
+                                       config.max_new_tokens)
         new = jax.lax.switch(jnp.where(flush, len(widths), arm), branches, state, drafts)
-        policy = observe(adaptive, drafter, widths, policy, arm, probed, state, new, matched)
+        policy = observe(adaptive, drafter, widths, policy, arm, probe, state, new, matched)
         return new, policy, n + 1
 
     state, policy, _ = jax.lax.while_loop(cond, body, (state, policy, jnp.int32(0)))
