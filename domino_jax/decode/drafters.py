@@ -161,12 +161,16 @@ class BlockDrafter(Drafter):
                         draft_cache):
         """Commit the first ``lengths[b]`` rows of context ``features [B, T, F]`` (at
         ``positions [B, T]``, contiguous from the cache's length) to the draft cache (also
-        the adaptive loop's flush of the rows its AR rounds buffered)."""
+        the adaptive loop's flush of the rows its AR rounds buffered). The backbone runs with
+        a one-slot dummy block: the context K/V come from the shared ``ctx`` projection alone,
+        so the block's size does not change them, and 16 dummy slots would cost the layers'
+        attention and MLP over 16 rows per sequence for nothing (at the SmolLM2 pair's
+        shape, 2 draft layers x 16 rows: about the layer work of an AR step, 30 x 1)."""
         embeds, block_pos = self.block_inputs(target_params, jnp.zeros_like(lengths),
                                               positions[:, 0] + lengths, draft_params)
         _, draft_cache = self.backbone.apply({"params": draft_params["backbone"]}, features,
-                                             positions, lengths, embeds, block_pos,
-                                             draft_cache)
+                                             positions, lengths, embeds[:, :1],
+                                             block_pos[:, :1], draft_cache)
         return draft_cache
 
     def block_hidden(self, target_params, draft_params, root, start, context, context_len,
