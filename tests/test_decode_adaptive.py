@@ -137,6 +137,8 @@ def test_widening_probe_runs_the_next_wider_chain_arm():
     due = seen.replace(since_widen=jnp.int32(1))
     assert choose(due) == (2, adaptive.WIDEN_PROBE, 0)
     assert choose(due.replace(force=jnp.int32(1))) == (1, 0, 0)         # calibration: never
+    assert tuple(int(x) for x in adaptive.choose_arm(
+        dataclasses.replace(AD, widen=False), base, widths, due, state)) == (1, 0, 0)  # off
     assert choose(due.replace(widen_interval=jnp.int32(4))) == (1, 0, 0)  # 1 < 4 * 0.47
     # a poor depth 2 promises nothing deeper, discount or not
     poor = _policy([[[20, 2, 0, 0]]], [[[20, 20, 0, 0]]], costs=(1.0, 1.5, 2.2),

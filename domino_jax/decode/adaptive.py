@@ -109,6 +109,7 @@ class AdaptiveConfig:
     lookup: tuple[int, ...] = ()
     lookup_ngram: NgramOptions = NGRAM_DEFAULTS
     margin: float = 0.1
+    widen: bool = True       # widening probes (see the module docstring)
 
     def __post_init__(self):
         if list(self.lookup) != sorted(set(self.lookup)) or any(k < 1 for k in self.lookup):
@@ -350,7 +351,7 @@ def choose_arm(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, stat
     extra_w = policy.costs[wider] / jnp.maximum(policy.costs[chosen], 1e-6) - 1.0
     wait_w = policy.widen_interval * jnp.maximum(extra_w, 0.0)
     widen = ((wider != chosen) & (policy.force < 0) & (optimistic[wider] > value[chosen])
-             & (policy.since_widen >= wait_w) & repaid(wait_w))
+             & (policy.since_widen >= wait_w) & repaid(wait_w) & adaptive.widen)
     arm = jnp.where(probe, best_spec, jnp.where(widen, wider, chosen))
     kind = jnp.where(probe, AR_PROBE, jnp.where(widen, WIDEN_PROBE, NO_PROBE)).astype(jnp.int32)
     return arm, kind, (arm == 0) & buffer_full
