@@ -146,13 +146,18 @@ def test_widening_probe_runs_the_next_wider_chain_arm():
     assert choose(poor)[:2] == (1, 0)
     # the widest arm has nothing wider; AR's probes are the AR probes
     assert adaptive._next_wider(base, widths) == (0, 2, 2)
-    # the widening probe's interval doubles; the AR probes' is left as a speculative round's
+    # a widening probe that found no accepted draft past the narrower width doubles its
+    # interval; the AR probes' is left as after any speculative round
     before = types.SimpleNamespace(done=jnp.asarray([False]), target_cache=types.SimpleNamespace(
         lengths=jnp.asarray([10])))
     after = types.SimpleNamespace(target_cache=types.SimpleNamespace(lengths=jnp.asarray([15])))
     new = adaptive.observe(AD, base, widths, due, jnp.int32(2), jnp.int32(adaptive.WIDEN_PROBE),
                            before, after)
-    assert int(new.widen_interval) == 4 and int(new.since_widen) == 0
+    assert int(new.widen_interval) == 2 and int(new.since_widen) == 0   # 4 > 2 accepted: paid
+    short = types.SimpleNamespace(target_cache=types.SimpleNamespace(lengths=jnp.asarray([12])))
+    unpaid = adaptive.observe(AD, base, widths, due, jnp.int32(2),
+                              jnp.int32(adaptive.WIDEN_PROBE), before, short)  # 1 accepted
+    assert int(unpaid.widen_interval) == 4 and int(unpaid.since_widen) == 0
     assert int(new.probe_interval) == AD.probe_min and int(new.since_spec) == 0
     np.testing.assert_allclose(np.asarray(new.observed)[0, 0], [19, 19, 1, 1])   # decay 0.9
     np.testing.assert_allclose(np.asarray(new.accepted)[0, 0], [19, 19, 1, 1])
@@ -434,12 +439,20 @@ def test_cli_width_flags(capsys, monkeypatch):
                             (["--method", "ddtree"], dict(budget=16)),
                             (["--method", "ddtree", "--budget", "8"], dict(budget=8)),
                             (["--method", "ddtree", "--draft-length", "2"],
-                             dict(budget=16, draft_length=2))):
+                             dict(budget=16, draft_length=2)),
+                            ([], dict(trim_block=False)),
+                            (["--draft-length", "2", "--trim-block", "on"],
+                             dict(draft_length=2, trim_block=True))):
         assert main(pair + extra) == 2
         for k, v in expected.items():
             assert getattr(seen[-1]["options"], k) == v, (extra, seen[-1])
     assert main(pair + ["--budget", "8"]) == 2              # a tree flag on a chain method
     assert "--budget is not an option" in capsys.readouterr().err
+    assert main(pair[:2] + ["--method", "ngram", "--trim-block", "on"]) == 2
+    assert "--trim-block is not an option" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(pair + ["--trim-block", "yes"])
+    assert "expected on or off, got 'yes'" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------- forced acceptance

@@ -125,6 +125,35 @@ def test_dflash_full_acceptance_degenerate():
     assert result.tokens == reference_greedy(target, params, RAGGED, MAX_NEW)
 
 
+@pytest.mark.parametrize("method,shift,block", [("domino", True, 4), ("dflash", False, 5)])
+def test_trimmed_block_drafts_from_fewer_slots_and_is_lossless(method, shift, block):
+    """``trim_block``: the backbone over ``[root, MASK x k]`` (``k`` slots with
+    ``shift_label``); other drafts than the whole block's (non-causal block attention),
+    the same output as greedy AR."""
+    cfg = draft_config(32, block=block, shift=shift, method=method)
+    target, params = perm_target(PI, attn_scale=0.3, seed=1)        # partial acceptance
+    dparams = tiny_draft(cfg, seed=5)
+    whole = make_drafter(cfg, target, method, method_options(method, draft_length=2))
+    trimmed = make_drafter(cfg, target, method, method_options(method, draft_length=2,
+                                                                trim_block=True))
+    assert whole.block_len == block and trimmed.block_len == (2 if shift else 3)
+    assert make_drafter(cfg, target, method, method_options(
+        method, trim_block=True)).block_len == block                  # all K: nothing to trim
+    config = DecodeConfig(method=method, max_new_tokens=MAX_NEW)
+    prep = speculative._prepare(target, params, RAGGED[:2], config, whole, dparams, 0)
+    state = prep.prefill_fn(params, dparams, prep.prompt, prep.prompt_len, prep.key)
+    hidden = {}
+    for name, drafter in (("whole", whole), ("trimmed", trimmed)):
+        h, _, _ = drafter.draft_block(params, dparams, state)
+        assert h.shape[1] == 2
+        hidden[name] = np.asarray(h)
+    assert not np.allclose(hidden["whole"], hidden["trimmed"], atol=1e-4)
+    ref = reference_greedy(target, params, RAGGED, MAX_NEW)
+    result = generate(target, params, RAGGED, config, drafter=trimmed, draft_params=dparams)
+    assert result.tokens == ref
+    assert result.verify_widths == {3: int(result.rounds.max())}
+
+
 # ------------------------------------------------------------ stale (rejected) cache slots
 
 

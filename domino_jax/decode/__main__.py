@@ -121,6 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "sliding window: draft cost stops growing with the context; drafts "
                         "change only once the context exceeds W). Default: the checkpoint's "
                         "layout (full attention unless it declares sliding layers)")
+    p.add_argument("--trim-block", dest="trim_block", type=_on_off, default=None,
+                   metavar="on|off",
+                   help="block drafters: run the draft backbone over only the block slots "
+                        "the round's drafts read (a k-draft round: the root and k masks) "
+                        "instead of the whole block; cheaper drafting, other drafts (the "
+                        "block attends non-causally), still lossless. Default off: the "
+                        "reference's drafts")
     p.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
                    help="split the target and the drafter over N devices (attention heads, "
                         "MLP columns, vocabulary; N must divide the head counts); loads the "
@@ -311,13 +318,19 @@ def tensor_parallel_mesh(n: int, target_dir: str, draft_dir: str | None):
     return tensor_mesh(n)
 
 
+def _on_off(value: str) -> bool:
+    if value not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"expected on or off, got {value!r}")
+    return value == "on"
+
+
 # the flags of the methods' options: option field -> flag (a flag's dest is the field's name)
 OPTION_FLAGS = {"budget": "--budget", "draft_length": "--draft-length", "topm": "--topm", "node_topk": "--node-topk",
                 "head_topm": "--head-topm", "context_window": "--draft-window",
                 "max_ngram": "--ngram-max", "min_ngram": "--ngram-min",
                 "num_tokens": "--ngram-tokens", "occurrence": "--ngram-occurrence",
                 "head_kernels": "--head-kernels",
-                "lookup_branch": "--lookup-branch"}
+                "lookup_branch": "--lookup-branch", "trim_block": "--trim-block"}
 
 LOOKUP_MATCHER = ("max_ngram", "min_ngram", "occurrence")   # also --adaptive-lookup's
 

@@ -50,8 +50,9 @@ forced tau 6: 8 drafts chosen at batch 1 where 16 were 12% faster, 4 at batch 32
 were faster). So the policy also **widens by probing**: when the next wider chain arm would
 beat the chosen one with its unseen depths at the deepest observed rate (no discount), it
 runs once after ``widen_interval * e`` rounds, ``e`` its extra cost over the chosen arm's as
-a fraction (so widening probes cost at most ``1 / widen_interval`` extra); each doubles the
-interval (``probe_min`` .. ``probe_max``). The real rates it sees then decide.
+a fraction (so widening probes cost at most ``1 / widen_interval`` extra); each that commits
+no draft past the narrower arm's width doubles the interval (``probe_min`` .. ``probe_max``).
+The real rates it sees then decide.
 
 The drafter reads the target's features of every committed token. AR rounds append theirs
 to the loop's context buffer (``buffer_slack`` rows beyond one round's commit,
@@ -382,7 +383,11 @@ def observe(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, arm, pr
     probed, widened = probe == AR_PROBE, probe == WIDEN_PROBE
     interval = jnp.where(probed, jnp.minimum(2 * policy.probe_interval, adaptive.probe_max),
                          jnp.where(speculative, adaptive.probe_min, policy.probe_interval))
-    widen_interval = jnp.where(widened,
+    # a widening probe that committed drafts past the narrower arm's width found what it
+    # looked for: the interval stays; one that did not doubles it
+    narrower = jnp.asarray([abs(w) for w in widths] + [0], jnp.int32)[jnp.maximum(arm - 1, 0)]
+    paid = jnp.any(live & (accepted > narrower))
+    widen_interval = jnp.where(widened & ~paid,
                                jnp.minimum(2 * policy.widen_interval, adaptive.probe_max),
                                policy.widen_interval)
     return PolicyState(acc, obs, policy.costs, policy.force,

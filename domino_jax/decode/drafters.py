@@ -43,10 +43,15 @@ class BlockOptions:
     the checkpoint's layout (full attention unless it declares sliding layers).
     ``draft_length``: draft positions used per round, ``1..K`` (``--draft-length N``; the
     first ``N`` of the block: the LM head and the Domino head run over ``N`` rows); ``0``:
-    all ``K``. Adaptive widths (``--draft-length auto``) are :mod:`domino_jax.decode.adaptive`."""
+    all ``K``. Adaptive widths (``--draft-length auto``) are :mod:`domino_jax.decode.adaptive`.
+    ``trim_block``: the backbone runs over only the block slots the ``draft_length`` drafts
+    read (``[root, MASK x k]``; ``k`` slots with ``shift_label``) instead of the whole block:
+    the layers' cost falls with ``k``, but the block attends non-causally, so the drafts
+    change (still verified: lossless either way); off = the reference's drafts."""
 
     context_window: int | None = None
     draft_length: int = 0
+    trim_block: bool = False
 
     def __post_init__(self):
         if self.context_window is not None and self.context_window < 1:
@@ -108,6 +113,15 @@ class BlockDrafter(Drafter):
         return self.num_positions
 
     @property
+    def block_len(self) -> int:
+        """Block slots the backbone runs over: the checkpoint's ``block_size``, or with
+        ``options.trim_block`` just those the ``num_positions`` drafts read."""
+        if not self.options.trim_block:
+            return self.config.block_size
+        return min(self.config.block_size,
+                   self.num_positions + (0 if self.config.shift_label else 1))
+
+    @property
     def tap_ids(self) -> tuple[int, ...]:
         return dflash.target_tap_ids(self.config)
 
@@ -136,7 +150,7 @@ class BlockDrafter(Drafter):
     def block_inputs(self, target_params, root, start, draft_params=None):
         """Embeddings ``[B, Bk, H]`` and positions ``[B, Bk]`` of the block ``[root, MASK...]``
         whose root sits at ``start [B]``."""
-        batch, block = root.shape[0], self.config.block_size
+        batch, block = root.shape[0], self.block_len
         tokens = jnp.full((batch, block), self.config.mask_token_id, jnp.int32)
         tokens = tokens.at[:, 0].set(root)
         positions = start[:, None] + jnp.arange(block, dtype=jnp.int32)[None, :]
