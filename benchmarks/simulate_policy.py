@@ -38,17 +38,20 @@ from domino_jax.decode.verify import ForcedAcceptance, _rate_for_tau  # noqa: E4
 WIDTHS = (0, 2, 4, 8, 16)
 
 
-def row_rates(tau: float, batch: int, spread: float) -> np.ndarray:
-    """``[B]`` conditional acceptance rate per draft of each row."""
-    return np.asarray([_rate_for_tau(t, 16) for t in
-                       ForcedAcceptance(tau, 16, spread).row_taus(batch)])
+def row_rates(tau: float, batch: int, spread: float, decline: float = 1.0) -> np.ndarray:
+    """``[B, 16]`` conditional acceptance rate of each row's draft at each depth: the
+    forced rate of the row's tau (at depth 1), times ``decline`` per depth deeper (1: the
+    benchmark's constant rates; real drafters' fall with the depth)."""
+    first = np.asarray([_rate_for_tau(t, 16) for t in
+                        ForcedAcceptance(tau, 16, spread).row_taus(batch)])
+    return first[:, None] * decline ** np.arange(16)[None, :]
 
 
 def accepted(rng, rates: np.ndarray, k: int) -> np.ndarray:
     """``[B]`` drafts accepted out of ``k``: the leading run of per-draft successes."""
     if k == 0:
         return np.zeros(len(rates), int)
-    hits = rng.random((len(rates), k)) < rates[:, None]
+    hits = rng.random((len(rates), k)) < rates[:, :k]
     return np.where(hits.all(1), k, np.argmin(hits, 1))
 
 
@@ -92,21 +95,25 @@ def main(argv=None):
     p.add_argument("--spread", type=float, default=0.5)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--runs", type=int, default=16)
+    p.add_argument("--decline", type=float, default=1.0,
+                   help="acceptance rate factor per draft depth (1: constant, as forced)")
     p.add_argument("--depth-discount", type=float, default=AdaptiveConfig.depth_discount)
+    p.add_argument("--explore", type=float, default=AdaptiveConfig.explore)
     p.add_argument("--no-widen", action="store_true",
                    help="without widening probes (the policy before 2026-12-03)")
     args = p.parse_args(argv)
     costs = [float(c) for c in args.costs.split(",")]
     if len(costs) != len(WIDTHS):
         p.error(f"--costs needs {len(WIDTHS)} entries (arms {WIDTHS}), got {len(costs)}")
-    ad = AdaptiveConfig(depth_discount=args.depth_discount, widen=not args.no_widen)
+    ad = AdaptiveConfig(depth_discount=args.depth_discount, widen=not args.no_widen,
+                        explore=args.explore)
     ar_time = args.new_tokens * costs[0]
     print(f"batch {args.batch}, costs {costs} ms, {args.new_tokens} new tokens, "
           f"medians of {args.runs} runs; speedup over AR")
     print("| tau | auto | " + " | ".join(f"fixed {k}" for k in WIDTHS[1:]) + " | auto arms |")
     print("|---|---|" + "---|" * (len(WIDTHS) - 1) + "---|")
     for tau in (float(t) for t in args.taus.split(",")):
-        rates = row_rates(tau, args.batch, args.spread)
+        rates = row_rates(tau, args.batch, args.spread, args.decline)
         rng = np.random.default_rng(0)
         runs = [simulate_adaptive(costs, rates, ad, args.new_tokens, rng)
                 for _ in range(args.runs)]

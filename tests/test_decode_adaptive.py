@@ -73,6 +73,11 @@ def test_expected_tokens_and_rates():
     np.testing.assert_allclose(tokens, [1, 1 + r1 + r1 * r2,
                                         1 + r1 + r1 * r2 + r1 * r2 * r3 + r1 * r2 * r3 * r4],
                                rtol=1e-6)
+    # exploration: a bonus shrinking with the observations, not passed down the depths
+    bold = dataclasses.replace(AD, explore=0.2)
+    np.testing.assert_allclose(np.asarray(adaptive.acceptance_rates(bold, policy))[0, 0],
+                               np.minimum([r1 + 0.2 / 5 ** 0.5, r2 + 0.2 / 3 ** 0.5,
+                                           r3 + 0.2, r4 + 0.2], 1.0), rtol=1e-6)
     # without the discount, unseen depths inherit the deepest observed rate
     flat = dataclasses.replace(AD, depth_discount=1.0)
     rates = np.asarray(adaptive.acceptance_rates(flat, policy))[0, 0]
@@ -184,7 +189,13 @@ def test_observe_counts_accepts_and_the_first_rejection():
     assert list(np.asarray(new.arm_rounds)) == [0, 0, 1]
     probed = adaptive.observe(AD, base, widths, policy, jnp.int32(1), jnp.bool_(True), before,
                               after)
-    assert int(probed.probe_interval) == 4                 # doubled, capped at probe_max
+    # rows 0, 1 committed 1 and 3 tokens: 2 per live row, under the 2-draft arm's cost of 1.5
+    # AR steps: the probe paid, the interval goes back to probe_min
+    assert int(probed.probe_interval) == AD.probe_min
+    dear = policy.replace(costs=jnp.asarray([1.0, 2.5, 3.0], jnp.float32))
+    unpaid = adaptive.observe(AD, base, widths, dear, jnp.int32(1), jnp.bool_(True), before,
+                              after)
+    assert int(unpaid.probe_interval) == 4                 # doubled, capped at probe_max
     ar = adaptive.observe(AD, base, widths, policy, jnp.int32(0), jnp.bool_(False), before,
                           before)
     assert int(ar.since_spec) == 1 and float(ar.observed.sum()) == 0
@@ -192,7 +203,8 @@ def test_observe_counts_accepts_and_the_first_rejection():
 
 def test_config_errors():
     for bad in (dict(widths=(2, 4)), dict(widths=(0, 4, 2)), dict(widths=(0,)),
-                dict(decay=0.0), dict(depth_discount=0.0), dict(probe_min=5, probe_max=4), dict(margin=-0.1)):
+                dict(decay=0.0), dict(depth_discount=0.0), dict(probe_min=5, probe_max=4), dict(margin=-0.1),
+                dict(explore=-0.1)):
         with pytest.raises(ValueError):
             AdaptiveConfig(**bad)
     for method in ("ar", "ngram"):

@@ -111,6 +111,9 @@ class AdaptiveConfig:
     lookup_ngram: NgramOptions = NGRAM_DEFAULTS
     margin: float = 0.1
     widen: bool = True       # widening probes (see the module docstring)
+    # optimism in the choice: each depth's rate + explore / sqrt(observed + prior_weight)
+    # (0 = off; simulated, not measured on a device: benchmarks/NOTES.md entry 22)
+    explore: float = 0.0
 
     def __post_init__(self):
         if list(self.lookup) != sorted(set(self.lookup)) or any(k < 1 for k in self.lookup):
@@ -132,6 +135,8 @@ class AdaptiveConfig:
         if not 1 <= self.probe_min <= self.probe_max:
             raise ValueError(f"need 1 <= probe_min <= probe_max, got {self.probe_min}, "
                              f"{self.probe_max}")
+        if self.explore < 0.0:
+            raise ValueError(f"explore must be >= 0, got {self.explore}")
         if not 0.0 <= self.margin < 1.0:
             raise ValueError(f"margin must be in [0, 1), got {self.margin}")
         if self.buffer_slack < 1:
@@ -267,13 +272,15 @@ def init_policy(adaptive: AdaptiveConfig, base, widths: Sequence[int], batch: in
 def acceptance_rates(adaptive: AdaptiveConfig, policy: PolicyState) -> jax.Array:
     """``[B, G, D]`` estimated acceptance rate of draft ``i`` given drafts ``1..i-1``: the
     decayed counts shrunk towards ``prior_rate`` (depth 1) or ``depth_discount`` times the
-    estimate of depth ``i - 1``."""
+    estimate of depth ``i - 1``; plus ``explore / sqrt(observed + prior_weight)`` (capped at
+    1; not passed down the depths)."""
     prior = jnp.full(policy.accepted.shape[:2], adaptive.prior_rate, jnp.float32)
     rates = []
     for i in range(policy.accepted.shape[2]):
         rate = ((policy.accepted[:, :, i] + adaptive.prior_weight * prior)
                 / (policy.observed[:, :, i] + adaptive.prior_weight))
-        rates.append(rate)
+        bonus = adaptive.explore / jnp.sqrt(policy.observed[:, :, i] + adaptive.prior_weight)
+        rates.append(jnp.minimum(rate + bonus, 1.0))
         prior = adaptive.depth_discount * rate
     return jnp.stack(rates, axis=2)
 
@@ -381,7 +388,13 @@ def observe(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, arm, pr
     obs = jnp.where(seen3, adaptive.decay * policy.observed + 1.0, policy.observed)
     speculative = arm > 0
     probed, widened = probe == AR_PROBE, probe == WIDEN_PROBE
-    interval = jnp.where(probed, jnp.minimum(2 * policy.probe_interval, adaptive.probe_max),
+    # an AR probe that committed as many tokens per row as its cost in AR steps paid for
+    # itself (the estimates were too low): the interval goes back to probe_min, as after a
+    # round the policy chose to speculate; one that did not doubles it
+    tokens = jnp.sum(jnp.where(live, accepted + 1, 0)) / jnp.maximum(jnp.sum(live), 1)
+    probe_paid = tokens * policy.costs[0] >= policy.costs[arm]
+    interval = jnp.where(probed & ~probe_paid,
+                         jnp.minimum(2 * policy.probe_interval, adaptive.probe_max),
                          jnp.where(speculative, adaptive.probe_min, policy.probe_interval))
     # a widening probe that committed drafts past the narrower arm's width found what it
     # looked for: the interval stays; one that did not doubles it
