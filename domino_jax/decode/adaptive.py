@@ -370,8 +370,9 @@ def observe(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, arm, pr
     """Fold one round's outcome into the statistics: per live row, drafts ``1..accepted``
     were accepted and draft ``accepted + 1`` (if the arm verified it) was rejected (a
     lookup arm: in the row's match-length group, rows that matched only). ``probe``: the
-    kind :func:`choose_arm` returned; each probe doubles its own interval (up to
-    ``probe_max``); a speculative round the policy chose resets the AR probes' interval."""
+    kind :func:`choose_arm` returned; a probe that did not pay for itself doubles its own
+    interval (up to ``probe_max``); a speculative round the policy chose, or an AR probe
+    that paid, resets the AR probes' interval to ``probe_min``."""
     groups = arm_groups(base, widths)
     depth_of = jnp.asarray([d for _, d in groups], jnp.int32)[arm]
     row_group, counts = _row_groups(adaptive, base, widths, arm, matched,
