@@ -55,20 +55,29 @@ def accepted(rng, rates: np.ndarray, k: int) -> np.ndarray:
     return np.where(hits.all(1), k, np.argmin(hits, 1))
 
 
-def simulate_adaptive(costs, rates, ad: AdaptiveConfig, new_tokens: int, rng):
-    """``(time, arm_rounds [A])`` of one run under the policy."""
-    batch = len(rates)
-    base = types.SimpleNamespace(proposes_trees=False, num_positions=16)
+BASE = types.SimpleNamespace(proposes_trees=False, num_positions=16)   # a chain drafter
+
+
+def policy_steps(ad: AdaptiveConfig, batch: int, new_tokens: int):
+    """Jitted ``(choose, observe)`` of the library's policy on the few state fields they
+    read (compiled once per setting, shared by every run)."""
     ns = types.SimpleNamespace
     choose = jax.jit(lambda p, done, num_out: adaptive.choose_arm(
-        ad, base, WIDTHS, p, ns(done=done, context_len=jnp.ones(batch, jnp.int32),
+        ad, BASE, WIDTHS, p, ns(done=done, context_len=jnp.ones(batch, jnp.int32),
                                 context=jnp.zeros((batch, 2, 1)), num_out=num_out),
         None, new_tokens))
     observe = jax.jit(lambda p, arm, probe, done, acc: adaptive.observe(
-        ad, base, WIDTHS, p, arm, probe,
+        ad, BASE, WIDTHS, p, arm, probe,
         ns(done=done, target_cache=ns(lengths=jnp.zeros(batch, jnp.int32))),
         ns(target_cache=ns(lengths=acc + 1))))
-    policy = adaptive.init_policy(ad, base, WIDTHS, batch, costs)
+    return choose, observe
+
+
+def simulate_adaptive(costs, rates, ad: AdaptiveConfig, steps, new_tokens: int, rng):
+    """``(time, arm_rounds [A])`` of one run under the policy (``steps``: :func:`policy_steps`)."""
+    batch = len(rates)
+    choose, observe = steps
+    policy = adaptive.init_policy(ad, BASE, WIDTHS, batch, costs)
     out, time = np.zeros(batch, int), 0.0
     while (out < new_tokens).any():
         done = jnp.asarray(out >= new_tokens)
@@ -108,6 +117,7 @@ def main(argv=None):
     ad = AdaptiveConfig(depth_discount=args.depth_discount, widen=not args.no_widen,
                         explore=args.explore)
     ar_time = args.new_tokens * costs[0]
+    steps = policy_steps(ad, args.batch, args.new_tokens)
     print(f"batch {args.batch}, costs {costs} ms, {args.new_tokens} new tokens, "
           f"medians of {args.runs} runs; speedup over AR")
     print("| tau | auto | " + " | ".join(f"fixed {k}" for k in WIDTHS[1:]) + " | auto arms |")
@@ -115,7 +125,7 @@ def main(argv=None):
     for tau in (float(t) for t in args.taus.split(",")):
         rates = row_rates(tau, args.batch, args.spread, args.decline)
         rng = np.random.default_rng(0)
-        runs = [simulate_adaptive(costs, rates, ad, args.new_tokens, rng)
+        runs = [simulate_adaptive(costs, rates, ad, steps, args.new_tokens, rng)
                 for _ in range(args.runs)]
         auto = ar_time / np.median([t for t, _ in runs])
         arms = np.mean([a for _, a in runs], axis=0)

@@ -46,8 +46,7 @@ AR steps (a good drafter is seen at once).
 
 A chain arm of ``k`` drafts never verifies depths beyond ``k``, so their discounted estimates
 alone could keep the policy at ``k`` for good (measured on the H200 at the Qwen3-8B shape,
-forced tau 6: 8 drafts chosen at batch 1 where 16 were 12% faster, 4 at batch 32 where 8
-were faster). So the policy also **widens by probing**: when the next wider chain arm would
+batch 1: 8 drafts chosen where 16 were 12% faster at forced tau 6, 22% at tau 8). So the policy also **widens by probing**: when the next wider chain arm would
 beat the chosen one with its unseen depths at the deepest observed rate (no discount), it
 runs once after ``widen_interval * e`` rounds, ``e`` its extra cost over the chosen arm's as
 a fraction (so widening probes cost at most ``1 / widen_interval`` extra); each that commits
@@ -355,11 +354,13 @@ def choose_arm(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, stat
     # would win with those depths at the deepest observed rate (no discount), it runs once,
     # at most 1 / widen_interval of the time extra, as for the AR probes
     wider = jnp.asarray(_next_wider(base, widths), jnp.int32)[chosen]
-    optimistic = values(dataclasses.replace(adaptive, depth_discount=1.0))
-    extra_w = policy.costs[wider] / jnp.maximum(policy.costs[chosen], 1e-6) - 1.0
-    wait_w = policy.widen_interval * jnp.maximum(extra_w, 0.0)
-    widen = ((wider != chosen) & (policy.force < 0) & (optimistic[wider] > value[chosen])
-             & (policy.since_widen >= wait_w) & repaid(wait_w) & adaptive.widen)
+    widen = jnp.bool_(False)
+    if adaptive.widen:
+        optimistic = values(dataclasses.replace(adaptive, depth_discount=1.0))
+        extra_w = policy.costs[wider] / jnp.maximum(policy.costs[chosen], 1e-6) - 1.0
+        wait_w = policy.widen_interval * jnp.maximum(extra_w, 0.0)
+        widen = ((wider != chosen) & (policy.force < 0) & (optimistic[wider] > value[chosen])
+                 & (policy.since_widen >= wait_w) & repaid(wait_w))
     arm = jnp.where(probe, best_spec, jnp.where(widen, wider, chosen))
     kind = jnp.where(probe, AR_PROBE, jnp.where(widen, WIDEN_PROBE, NO_PROBE)).astype(jnp.int32)
     return arm, kind, (arm == 0) & buffer_full
@@ -399,9 +400,9 @@ def observe(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, arm, pr
                          jnp.where(speculative, adaptive.probe_min, policy.probe_interval))
     # a widening probe that committed drafts past the narrower arm's width found what it
     # looked for: the interval stays; one that did not doubles it
-    narrower = jnp.asarray([abs(w) for w in widths] + [0], jnp.int32)[jnp.maximum(arm - 1, 0)]
-    paid = jnp.any(live & (accepted > narrower))
-    widen_interval = jnp.where(widened & ~paid,
+    narrower = jnp.asarray([abs(w) for w in widths], jnp.int32)[jnp.maximum(arm - 1, 0)]
+    widen_paid = jnp.any(live & (accepted > narrower))
+    widen_interval = jnp.where(widened & ~widen_paid,
                                jnp.minimum(2 * policy.widen_interval, adaptive.probe_max),
                                policy.widen_interval)
     return PolicyState(acc, obs, policy.costs, policy.force,

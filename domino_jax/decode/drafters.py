@@ -147,10 +147,11 @@ class BlockDrafter(Drafter):
         """The target's LM head on ``hidden [..., H]`` -> float32 ``[..., V]``."""
         return self.target.apply({"params": target_params}, hidden, method=TargetLM.logits)
 
-    def block_inputs(self, target_params, root, start, draft_params=None):
+    def block_inputs(self, target_params, root, start, draft_params=None,
+                     slots: int | None = None):
         """Embeddings ``[B, Bk, H]`` and positions ``[B, Bk]`` of the block ``[root, MASK...]``
-        whose root sits at ``start [B]``."""
-        batch, block = root.shape[0], self.block_len
+        whose root sits at ``start [B]``; ``Bk`` = ``slots`` or :attr:`block_len`."""
+        batch, block = root.shape[0], slots or self.block_len
         tokens = jnp.full((batch, block), self.config.mask_token_id, jnp.int32)
         tokens = tokens.at[:, 0].set(root)
         positions = start[:, None] + jnp.arange(block, dtype=jnp.int32)[None, :]
@@ -181,10 +182,10 @@ class BlockDrafter(Drafter):
         attention and MLP over 16 rows per sequence for nothing (at the SmolLM2 pair's
         shape, 2 draft layers x 16 rows: about the layer work of an AR step, 30 x 1)."""
         embeds, block_pos = self.block_inputs(target_params, jnp.zeros_like(lengths),
-                                              positions[:, 0] + lengths, draft_params)
+                                              positions[:, 0] + lengths, draft_params, slots=1)
         _, draft_cache = self.backbone.apply({"params": draft_params["backbone"]}, features,
-                                             positions, lengths, embeds[:, :1],
-                                             block_pos[:, :1], draft_cache)
+                                             positions, lengths, embeds, block_pos,
+                                             draft_cache)
         return draft_cache
 
     def block_hidden(self, target_params, draft_params, root, start, context, context_len,
