@@ -331,6 +331,34 @@ def test_backbone_without_cache_equals_empty_cache():
     assert rel_err(without, with_cache) < RTOL
 
 
+def test_backbone_output_rows_are_the_first_rows_of_the_full_block():
+    """``output_rows=n``: the last layer queries only the first ``n`` slots; every slot still
+    makes keys/values, so the ``n`` hidden states and the committed cache equal the full
+    forward's (float32; with a populated cache and without one)."""
+    cfg = SMALL
+    params, _ = _random_draft(SMALL)
+    backbone = dflash.DFlashBackbone(cfg, dtype=jnp.float32, param_dtype=jnp.float32)
+    rng = np.random.default_rng(3)
+    features = jnp.asarray(rng.standard_normal((2, 6, 2 * cfg.hidden_size)), jnp.float32)
+    embeds = jnp.asarray(rng.standard_normal((2, cfg.block_size, cfg.hidden_size)),
+                         jnp.float32)
+    args = (features, jnp.tile(jnp.arange(6)[None], (2, 1)), jnp.array([6, 4]), embeds,
+            jnp.stack([6 + jnp.arange(cfg.block_size), 4 + jnp.arange(cfg.block_size)]))
+    apply = jax.jit(backbone.apply, static_argnames="output_rows")
+    for cache in (None, dflash.new_draft_cache(cfg, 2, 32, jnp.float32)):
+        full, full_cache = apply({"params": params["backbone"]}, *args, cache)
+        for n in (1, 3, cfg.block_size):
+            part, part_cache = apply({"params": params["backbone"]}, *args, cache,
+                                     output_rows=n)
+            assert part.shape == (2, n, cfg.hidden_size)
+            assert rel_err(part, full[:, :n]) < 1e-5, n
+            if cache is not None:
+                assert part_cache.lengths.tolist() == full_cache.lengths.tolist()
+                for b, committed in enumerate(full_cache.lengths.tolist()):
+                    assert rel_err(part_cache.keys[:, b, :committed],
+                                   full_cache.keys[:, b, :committed]) < 1e-6
+
+
 def torch_gru(sd, inputs):
     """torch.nn.GRU(bias=False) over ``inputs [N, T, H]`` from zeros -> states [N, T, G]."""
     g = sd["prefix_gru.weight_hh_l0"].shape[1]

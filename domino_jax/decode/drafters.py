@@ -196,9 +196,12 @@ class BlockDrafter(Drafter):
         width = context.shape[1]
         context_pos = (start - context_len)[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
         embeds, block_pos = self.block_inputs(target_params, root, start, draft_params)
+        # the last layer's rows: the slots the drafts read (exact: every slot still makes
+        # keys and values; 16 -> k + 1 rows of its MLP for a k-draft round)
+        rows = self.num_positions + (0 if self.config.shift_label else 1)
         hidden, draft_cache = self.backbone.apply(
             {"params": draft_params["backbone"]}, context, context_pos, context_len, embeds,
-            block_pos, draft_cache)
+            block_pos, draft_cache, output_rows=rows)
         if not self.config.shift_label:
             hidden = hidden[:, 1:]                    # slot 0 (the root) predicts nothing
         return hidden[:, :self.num_positions], draft_cache

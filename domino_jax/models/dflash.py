@@ -89,14 +89,19 @@ class DraftLayer(DecoderLayerBase):
     """One Qwen3 decoder layer whose keys/values also include the shared context ``ctx``."""
 
     def __call__(self, x, ctx, context_positions, block_positions, visible,
-                 cache: KVCache | None, layer_index: int, key_slots: jax.Array | None = None):
+                 cache: KVCache | None, layer_index: int, key_slots: jax.Array | None = None,
+                 query_rows: int | None = None):
         """``x [B, Bk, H]`` block stream, ``ctx [B, Tc, H]`` shared context -> ``(x', cache')``.
-        ``key_slots [B, L]``: attend over these cache slots only (a sliding window)."""
+        ``key_slots [B, L]``: attend over these cache slots only (a sliding window).
+        ``query_rows``: only the first ``n`` block slots query (``x' [B, n, H]``); the keys
+        and values are still every slot's (the last layer: see ``DFlashBackbone``)."""
         h = self.input_layernorm(x)
         rows = jnp.concatenate([ctx, h], axis=1)                          # [B, Tc + Bk, H]
         positions = jnp.concatenate([context_positions, block_positions], axis=1)
         # keys/values of context and block in one product, queries of the block only
         q, k, v = self.self_attn.qkv(rows, positions, q_from=ctx.shape[1])
+        if query_rows is not None and query_rows < x.shape[1]:
+            x, q, visible = x[:, :query_rows], q[:, :query_rows], visible[:, :query_rows]
         return self.finish(x, q, k, v, visible, cache, layer_index, key_slots)
 
 
@@ -141,8 +146,8 @@ class DFlashBackbone(nn.Module):
 
     def __call__(self, context_features: jax.Array, context_positions: jax.Array,
                  context_lengths: jax.Array, block_embeds: jax.Array,
-                 block_positions: jax.Array, cache: KVCache | None = None
-                 ) -> tuple[jax.Array, KVCache | None]:
+                 block_positions: jax.Array, cache: KVCache | None = None,
+                 output_rows: int | None = None) -> tuple[jax.Array, KVCache | None]:
         """One draft forward over a block.
 
         Args:
@@ -153,9 +158,15 @@ class DFlashBackbone(nn.Module):
           block_positions: ``[B, Bk]`` int32 absolute positions of the block slots.
           cache: the draft cache of earlier context (``None``: no earlier context, nothing
             is stored).
+          output_rows: static ``n <= Bk``: the hidden states of the first ``n`` block slots
+            only. Every slot still feeds every layer's keys and values (the block attends
+            non-causally), so these ``n`` equal the first ``n`` of the full output; the last
+            layer's queries, ``o_proj`` and MLP run over ``n`` rows instead of ``Bk`` (a
+            ``k``-draft round reads ``k`` of the 16 slots). ``None``: all ``Bk``.
         Returns:
-          ``draft_hidden [B, Bk, H]`` (final-normed, ``dtype``; feed it to the target's LM
-          head) and the cache with the new context committed (``lengths += context_lengths``).
+          ``draft_hidden [B, n or Bk, H]`` (final-normed, ``dtype``; feed it to the target's
+          LM head) and the cache with the new context committed (``lengths +=
+          context_lengths``).
         """
         batch, context_rows, _ = context_features.shape
         block_len = block_embeds.shape[1]
@@ -182,10 +193,11 @@ class DFlashBackbone(nn.Module):
                 visible &= (key_slots < cache.capacity)[:, None, :]
             views[view] = (visible, key_slots)
         x = block_embeds.astype(self.dtype)
+        last = len(self.layers) - 1
         for i, (layer, view) in enumerate(zip(self.layers, self.layer_windows())):
             visible, key_slots = views[view]
             x, cache = layer(x, ctx, context_positions, block_positions, visible, cache, i,
-                             key_slots)
+                             key_slots, output_rows if i == last else None)
         draft_hidden = self.norm(x)
         if cache is not None:
             cache = cache.advance(context_lengths)

@@ -1,0 +1,189 @@
+"""Where a fixed-width Domino round's time goes, stage by stage, at any batch (issue 17).
+
+The round (``decode/round.py``) is draft -> verify -> commit; ``draft`` is the backbone over
+the block (:meth:`BlockDrafter.block_hidden`), the target's LM head over the ``k`` draft
+rows and the head's rollout. This script jits each piece alone on the same post-prefill
+state (models as ``bench_batch_sweep.py``: ``--mode forced`` random weights at ``--shape``,
+``--mode real`` the SmolLM2 demo pair) and times it, beside the whole round
+(``rounds_fn`` over ``--rounds`` rounds) and a plain AR step:
+
+* ``backbone``: the drafter layers over ``[context rows, root, MASK x 15]``;
+* ``lm_head``: the target LM head over the ``k`` draft hiddens (``[B, k, V]`` float32);
+* ``rollout``: the Domino head's ``k`` causal steps (drafts from base logits + corrections);
+* ``verify_forward``: the target over ``k + 1`` rows with the KV cache; ``accept``: the
+  verification rule on its logits; ``commit``: outputs, cache advance, next context;
+* ``round``: one whole round (the loop's ms per round); ``sum`` of the stages against it
+  shows what the loop adds (or what XLA overlaps); ``ar``: a plain AR round.
+
+Each piece is a separate jitted call timed ``--reps`` times after a warm-up (median, in ms;
+``dispatch``: the median of an empty jitted call, the per-call floor in these numbers).
+
+    python benchmarks/round_stages.py --mode forced --shape qwen3-8b --batch 32 --widths 2,4,8,16
+    python benchmarks/round_stages.py --mode forced --shape tiny --batch 2 --widths 2   # CPU smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mode", choices=("real", "forced"), default="forced")
+    p.add_argument("--shape", choices=("smollm2", "qwen3-8b", "tiny"), default="qwen3-8b")
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--widths", default="2,4,8,16", help="draft lengths k to time")
+    p.add_argument("--rounds", type=int, default=8, help="rounds per whole-round timing")
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--out", default=None, help="write JSON (and .md beside it) here")
+    return p.parse_args(argv)
+
+
+def _timer(reps: int):
+    import jax
+
+    def median_ms(fn, *args):
+        jax.block_until_ready(fn(*args))                    # compile + warm up
+        ms = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            ms.append(1e3 * (time.perf_counter() - t0))
+        return statistics.median(ms)
+
+    return median_ms
+
+
+def stage_times(models, prompts, k: int, args, median_ms) -> dict:
+    """Median ms of each stage of a fixed ``k``-draft Domino round at ``len(prompts)`` rows."""
+    import jax
+    import jax.numpy as jnp
+
+    from domino_jax.decode import round as round_lib
+    from domino_jax.decode.speculative import DecodeConfig, _prepare
+
+    new_tokens = args.rounds * (k + 1) + 2
+    config = DecodeConfig(method="domino", max_new_tokens=new_tokens)
+    drafter = models.make("domino", draft_length=k)
+    prep = _prepare(models.target, models.tp, prompts, config, drafter, models.dp, 0)
+    state = prep.prefill_fn(models.tp, models.dp, prep.prompt, prep.prompt_len, prep.key)
+    tp, dp, target = models.tp, models.dp, models.target
+    key = jax.random.PRNGKey(0)
+
+    backbone = jax.jit(lambda tp, dp, s: drafter.block_hidden(
+        tp, dp, s.root, s.target_cache.lengths, s.context, s.context_len, s.draft_cache))
+    hidden, _ = backbone(tp, dp, state)
+    lm_head = jax.jit(drafter.lm_head)
+    base = lm_head(tp, hidden)
+    rollout = jax.jit(lambda tp, dp, h, b, root, key: drafter.rollout(
+        tp, dp, h, b, root, key, config)[0])
+    draft = jax.jit(lambda tp, dp, s, key: round_lib.draft(drafter, config, tp, dp, s, key))
+    proposal = draft(tp, dp, state, key)
+    vforward = jax.jit(lambda tp, s, p: round_lib.verify_forward(target, drafter, tp, s, p))
+    out = vforward(tp, state, proposal)
+    accept = jax.jit(lambda p, o, key: round_lib.accept(drafter, config, p, o, key))
+    verdict = accept(proposal, out, key)
+    commit = jax.jit(lambda s, v, key: round_lib.commit(drafter, config, s, v, key))
+    verified = round_lib.Verified(verdict, proposal, out)
+
+    def whole(state):
+        state = jax.tree_util.tree_map(jnp.copy, state)
+        return prep.rounds_fn(tp, dp, state, jnp.int32(args.rounds))
+
+    times = {
+        "backbone": median_ms(backbone, tp, dp, state),
+        "lm_head": median_ms(lm_head, tp, hidden),
+        "rollout": median_ms(rollout, tp, dp, hidden, base, state.root, key),
+        "draft": median_ms(draft, tp, dp, state, key),
+        "verify_forward": median_ms(vforward, tp, state, proposal),
+        "accept": median_ms(accept, proposal, out, key),
+        "commit": median_ms(commit, state, verified, key),
+    }
+    jax.block_until_ready(whole(state))
+    rounds = []
+    for _ in range(max(3, args.reps // 2)):
+        copy = jax.tree_util.tree_map(jnp.copy, state)
+        jax.block_until_ready(copy)
+        t0 = time.perf_counter()
+        ran = prep.rounds_fn(tp, dp, copy, jnp.int32(args.rounds))
+        jax.block_until_ready(ran)
+        rounds.append(1e3 * (time.perf_counter() - t0) / max(int(ran.rounds.max()), 1))
+    times["round"] = statistics.median(rounds)
+    times["sum"] = sum(times[s] for s in ("draft", "verify_forward", "accept", "commit"))
+    return times
+
+
+def ar_time(models, prompts, args, median_ms) -> float:
+    import jax
+    import jax.numpy as jnp
+
+    from domino_jax.decode.speculative import DecodeConfig, _prepare
+
+    config = DecodeConfig(method="ar", max_new_tokens=args.rounds + 2)
+    prep = _prepare(models.target, models.tp, prompts, config, None, None, 0)
+    state = prep.prefill_fn(models.tp, None, prep.prompt, prep.prompt_len, prep.key)
+    ms = []
+    for _ in range(max(3, args.reps // 2) + 1):
+        copy = jax.tree_util.tree_map(jnp.copy, state)
+        jax.block_until_ready(copy)
+        t0 = time.perf_counter()
+        ran = prep.rounds_fn(models.tp, None, copy, jnp.int32(args.rounds))
+        jax.block_until_ready(ran)
+        ms.append(1e3 * (time.perf_counter() - t0) / max(int(ran.rounds.max()), 1))
+    return statistics.median(ms[1:])                         # the first one compiles
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import jax
+    import jax.numpy as jnp
+
+    from bench_batch_sweep import Models
+    from bench_util import git_commit, versions
+
+    models = Models(argparse.Namespace(mode=args.mode, shape=args.shape,
+                                       prompt_len=args.prompt_len))
+    prompts = models.prompts(args.batch)
+    median_ms = _timer(args.reps)
+    dispatch = median_ms(jax.jit(lambda x: x + 1), jnp.zeros((), jnp.int32))
+    ar = ar_time(models, prompts, args, median_ms)
+    rows = {}
+    for k in [int(x) for x in args.widths.split(",") if x]:
+        rows[k] = stage_times(models, prompts, k, args, median_ms)
+        print(f"k={k}: " + "  ".join(f"{n} {v:.2f}" for n, v in rows[k].items())
+              + f"  (ar {ar:.2f} ms, dispatch {dispatch:.3f})", flush=True)
+    dev = jax.devices()[0]
+    meta = dict(date=_dt.datetime.now().strftime("%Y-%m-%d_%H%M%S"), git_commit=git_commit(None),
+                versions=versions(), device=f"{dev.platform}:{dev.device_kind}",
+                argv=sys.argv[1:], batch=args.batch, mode=args.mode, shape=args.shape,
+                ar_ms=ar, dispatch_ms=dispatch, load=[round(x, 1) for x in os.getloadavg()])
+    names = list(next(iter(rows.values())).keys()) if rows else []
+    lines = [f"# Round stages {meta['date']} ({meta['device']}, {args.mode} {args.shape}, batch "
+             f"{args.batch}, commit {meta['git_commit']})", "",
+             f"`python benchmarks/round_stages.py {' '.join(sys.argv[1:])}`: median ms per "
+             f"jitted call; AR round {ar:.2f} ms; empty call {dispatch:.3f} ms.", "",
+             "| k | " + " | ".join(names) + " | round / AR |",
+             "|---|" + "---|" * (len(names) + 1)]
+    lines += [f"| {k} | " + " | ".join(f"{t[n]:.2f}" for n in names)
+              + f" | {t['round'] / ar:.2f} |" for k, t in rows.items()]
+    print("\n".join(lines), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(meta=meta, stages={str(k): t for k, t in rows.items()}), f, indent=1)
+        with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
