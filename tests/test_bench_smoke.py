@@ -120,3 +120,24 @@ def test_bench_tree_build_tiny(tmp_path):
         row = json.load(f)["rows"][0]
     for key in ("dominotree_decode_head_ms", "dominotree_plain_head_ms", "ddtree_ms"):
         assert row[key] > 0, key
+
+
+@pytest.mark.slow
+def test_round_stages_tiny(tmp_path):
+    """benchmarks/round_stages.py on the tiny random pair: every stage timed, JSON and
+    Markdown written, the whole round positive and the stages named."""
+    out = tmp_path / "stages.json"
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "benchmarks", "round_stages.py"), "--mode",
+         "forced", "--shape", "tiny", "--batch", "2", "--widths", "2", "--reps", "2",
+         "--rounds", "2", "--prompt-len", "16", "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    stages = report["stages"]["2"]
+    for name in ("backbone", "lm_head", "rollout", "draft", "verify_forward", "accept",
+                 "commit", "round"):
+        assert stages[name] > 0, name
+    assert report["meta"]["ar_ms"] > 0 and report["meta"]["batch"] == 2
+    assert "| 2 |" in (tmp_path / "stages.md").read_text()
