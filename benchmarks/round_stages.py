@@ -68,7 +68,6 @@ def _timer(reps: int):
 def stage_times(models, prompts, k: int, args, median_ms) -> dict:
     """Median ms of each stage of a fixed ``k``-draft Domino round at ``len(prompts)`` rows."""
     import jax
-    import jax.numpy as jnp
 
     from domino_jax.decode import round as round_lib
     from domino_jax.decode.speculative import DecodeConfig, _prepare
@@ -97,10 +96,6 @@ def stage_times(models, prompts, k: int, args, median_ms) -> dict:
     commit = jax.jit(lambda s, v, key: round_lib.commit(drafter, config, s, v, key))
     verified = round_lib.Verified(verdict, proposal, out)
 
-    def whole(state):
-        state = jax.tree_util.tree_map(jnp.copy, state)
-        return prep.rounds_fn(tp, dp, state, jnp.int32(args.rounds))
-
     times = {
         "backbone": median_ms(backbone, tp, dp, state),
         "lm_head": median_ms(lm_head, tp, hidden),
@@ -110,38 +105,36 @@ def stage_times(models, prompts, k: int, args, median_ms) -> dict:
         "accept": median_ms(accept, proposal, out, key),
         "commit": median_ms(commit, state, verified, key),
     }
-    jax.block_until_ready(whole(state))
-    rounds = []
-    for _ in range(max(3, args.reps // 2)):
-        copy = jax.tree_util.tree_map(jnp.copy, state)
-        jax.block_until_ready(copy)
-        t0 = time.perf_counter()
-        ran = prep.rounds_fn(tp, dp, copy, jnp.int32(args.rounds))
-        jax.block_until_ready(ran)
-        rounds.append(1e3 * (time.perf_counter() - t0) / max(int(ran.rounds.max()), 1))
-    times["round"] = statistics.median(rounds)
+    times["round"] = round_ms(prep, tp, dp, state, args)
     times["sum"] = sum(times[s] for s in ("draft", "verify_forward", "accept", "commit"))
     return times
 
 
-def ar_time(models, prompts, args, median_ms) -> float:
+def round_ms(prep, tp, dp, state, args) -> float:
+    """Median ms per round of ``prep.rounds_fn`` over ``args.rounds`` rounds from copies of
+    ``state`` (after one untimed call that compiles)."""
     import jax
     import jax.numpy as jnp
 
-    from domino_jax.decode.speculative import DecodeConfig, _prepare
-
-    config = DecodeConfig(method="ar", max_new_tokens=args.rounds + 2)
-    prep = _prepare(models.target, models.tp, prompts, config, None, None, 0)
-    state = prep.prefill_fn(models.tp, None, prep.prompt, prep.prompt_len, prep.key)
     ms = []
     for _ in range(max(3, args.reps // 2) + 1):
         copy = jax.tree_util.tree_map(jnp.copy, state)
         jax.block_until_ready(copy)
         t0 = time.perf_counter()
-        ran = prep.rounds_fn(models.tp, None, copy, jnp.int32(args.rounds))
+        ran = prep.rounds_fn(tp, dp, copy, jnp.int32(args.rounds))
         jax.block_until_ready(ran)
         ms.append(1e3 * (time.perf_counter() - t0) / max(int(ran.rounds.max()), 1))
-    return statistics.median(ms[1:])                         # the first one compiles
+    return statistics.median(ms[1:])
+
+
+def ar_time(models, prompts, args) -> float:
+    """Median ms of a plain AR round on the same prompts."""
+    from domino_jax.decode.speculative import DecodeConfig, _prepare
+
+    config = DecodeConfig(method="ar", max_new_tokens=args.rounds + 2)
+    prep = _prepare(models.target, models.tp, prompts, config, None, None, 0)
+    state = prep.prefill_fn(models.tp, None, prep.prompt, prep.prompt_len, prep.key)
+    return round_ms(prep, models.tp, None, state, args)
 
 
 def main(argv=None):
@@ -157,7 +150,7 @@ def main(argv=None):
     prompts = models.prompts(args.batch)
     median_ms = _timer(args.reps)
     dispatch = median_ms(jax.jit(lambda x: x + 1), jnp.zeros((), jnp.int32))
-    ar = ar_time(models, prompts, args, median_ms)
+    ar = ar_time(models, prompts, args)
     rows = {}
     for k in [int(x) for x in args.widths.split(",") if x]:
         rows[k] = stage_times(models, prompts, k, args, median_ms)

@@ -196,6 +196,11 @@ def test_observe_counts_accepts_and_the_first_rejection():
     unpaid = adaptive.observe(AD, base, widths, dear, jnp.int32(1), jnp.bool_(True), before,
                               after)
     assert int(unpaid.probe_interval) == 4                 # doubled, capped at probe_max
+    # 2 tokens per row at a cost of 1.9 AR steps: break-even, short of the 10% margin the
+    # choice asks of speculation, so not paid
+    even = policy.replace(costs=jnp.asarray([1.0, 1.9, 3.0], jnp.float32))
+    assert int(adaptive.observe(AD, base, widths, even, jnp.int32(1), jnp.bool_(True),
+                                before, after).probe_interval) == 4
     ar = adaptive.observe(AD, base, widths, policy, jnp.int32(0), jnp.bool_(False), before,
                           before)
     assert int(ar.since_spec) == 1 and float(ar.observed.sum()) == 0

@@ -390,11 +390,13 @@ def observe(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, arm, pr
     obs = jnp.where(seen3, adaptive.decay * policy.observed + 1.0, policy.observed)
     speculative = arm > 0
     probed, widened = probe == AR_PROBE, probe == WIDEN_PROBE
-    # an AR probe that committed as many tokens per row as its cost in AR steps paid for
-    # itself (the estimates were too low): the interval goes back to probe_min, as after a
-    # round the policy chose to speculate; one that did not doubles it
+    # an AR probe that committed as many tokens per row as its cost in AR steps, plus the
+    # margin the choice asks of speculation, paid for itself (the estimates were too low):
+    # the interval goes back to probe_min, as after a round the policy chose to speculate;
+    # one that did not doubles it (a break-even probe, e.g. 2 drafts at batch 32 on a CPU
+    # where they cost 1.9 AR steps and commit 1.9 tokens, would otherwise keep recurring)
     tokens = jnp.sum(jnp.where(live, accepted + 1, 0)) / jnp.maximum(jnp.sum(live), 1)
-    probe_paid = tokens * policy.costs[0] >= policy.costs[arm]
+    probe_paid = tokens * policy.costs[0] >= policy.costs[arm] * (1.0 + adaptive.margin)
     interval = jnp.where(probed & ~probe_paid,
                          jnp.minimum(2 * policy.probe_interval, adaptive.probe_max),
                          jnp.where(speculative, adaptive.probe_min, policy.probe_interval))
