@@ -108,6 +108,7 @@ def main(argv=None):
                    help="acceptance rate factor per draft depth (1: constant, as forced)")
     p.add_argument("--depth-discount", type=float, default=AdaptiveConfig.depth_discount)
     p.add_argument("--explore", type=float, default=AdaptiveConfig.explore)
+    p.add_argument("--prior-weight", type=float, default=AdaptiveConfig.prior_weight)
     p.add_argument("--no-widen", action="store_true",
                    help="without widening probes (the policy before 2026-12-03)")
     args = p.parse_args(argv)
@@ -115,7 +116,7 @@ def main(argv=None):
     if len(costs) != len(WIDTHS):
         p.error(f"--costs needs {len(WIDTHS)} entries (arms {WIDTHS}), got {len(costs)}")
     ad = AdaptiveConfig(depth_discount=args.depth_discount, widen=not args.no_widen,
-                        explore=args.explore)
+                        explore=args.explore, prior_weight=args.prior_weight)
     ar_time = args.new_tokens * costs[0]
     steps = policy_steps(ad, args.batch, args.new_tokens)
     print(f"batch {args.batch}, costs {costs} ms, {args.new_tokens} new tokens, "
