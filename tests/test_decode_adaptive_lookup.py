@@ -100,6 +100,40 @@ def test_expected_tokens_and_observe_per_match_length():
     assert observed[:, 0].sum() == 0 and list(np.asarray(new.arm_rounds)) == [0, 0, 0, 1]
 
 
+def test_a_chosen_lookup_arm_still_lets_the_drafter_be_probed():
+    """A chosen lookup arm observes no drafts: once the probe clock (rounds since the drafter
+    last ran) reaches the wait, the round runs the best drafter arm as an AR probe; lookup
+    rounds do not reset that clock, a drafter round does."""
+    base = _base()
+    widths = adaptive.resolve_widths(AD, base)                 # (0, 2, 4, -3)
+    groups = 1 + AD.lookup_ngram.max_ngram
+    acc = np.zeros((2, groups, 4), np.float32)
+    obs = np.zeros((2, groups, 4), np.float32)
+    acc[:, 3, :3], obs[:, 3, :3] = 10.0, 10.0                   # 3-token matches: all accepted
+    policy = adaptive.init_policy(AD, base, widths, 2, [1.0, 1.6, 2.4, 1.1]).replace(
+        accepted=jnp.asarray(acc), observed=jnp.asarray(obs), since_spec=jnp.int32(0))
+    state = types.SimpleNamespace(done=jnp.asarray([False, False]),
+                                  context_len=jnp.zeros(2, jnp.int32),
+                                  context=jnp.zeros((2, 8, 1)),
+                                  num_out=jnp.zeros(2, jnp.int32))
+    matched = jnp.asarray([3, 3])
+    arm, kind, _ = adaptive.choose_arm(AD, base, widths, policy, state, matched, 100)
+    assert (int(arm), int(kind)) == (3, adaptive.NO_PROBE)     # the lookup arm wins
+    due = policy.replace(since_spec=jnp.int32(8))
+    arm, kind, _ = adaptive.choose_arm(AD, base, widths, due, state, matched, 100)
+    assert int(kind) == adaptive.AR_PROBE and 1 <= int(arm) <= 2   # a drafter arm
+    before = types.SimpleNamespace(done=jnp.asarray([False] * 2),
+                                   target_cache=types.SimpleNamespace(
+                                       lengths=jnp.asarray([10, 10])))
+    after = types.SimpleNamespace(target_cache=types.SimpleNamespace(
+        lengths=jnp.asarray([14, 14])))
+    looked = adaptive.observe(AD, base, widths, policy, jnp.int32(3), jnp.int32(0), before,
+                              after, matched)
+    assert int(looked.since_spec) == 1                         # lookup rounds keep counting
+    drafted = adaptive.observe(AD, base, widths, due, arm, kind, before, after, matched)
+    assert int(drafted.since_spec) == 0
+
+
 def test_one_lookup_serves_every_arm():
     """The loop's one lookup a round (``round_lookup`` at the widest arm) gives each
     ``k``-token arm what its own lookup (``LookupArm.propose``) would: the first ``k``."""
@@ -152,8 +186,9 @@ def test_greedy_with_lookup_arms_equals_ar():
     assert result.tokens == ref
     arms = result.arm_rounds
     assert arms.get("lookup3", 0) > sum(n for a, n in arms.items() if a != "lookup3"), arms
+    assert arms.get("draft2", 0) + arms.get("draft4", 0) > 0, arms   # the drafter probed
     assert sum(arms.values()) == sum(result.verify_widths.values()) == int(result.rounds.max())
-    assert result.tau > 2.0
+    assert result.tau >= 1.8       # lookup rounds commit ~3 tokens; probes (tiny bounds) ~1
     assert result.arm_costs == pytest.approx([1.0, 1.6, 2.4, 1.1])
     for prompts, dparams, costs in ((RAGGED, weak, LOOKUP_CHEAP),
                                     (RAGGED, perm_domino_params(cfg, PI), LOOKUP_DEAR),

@@ -40,8 +40,9 @@ When AR wins, no drafts are observed, so the policy **probes**: after ``probe_in
 AR rounds in a row, ``e`` the probe's extra cost over an AR step in AR steps (so probes cost
 at most ``1 / probe_interval`` of the AR time, however wide the batch makes the arms), it
 runs the best speculative arm once; each probe that does not convince doubles the interval
-(``probe_min`` .. ``probe_max``); a round the policy chooses to speculate on its own resets
-it. The first round the policy would give to AR is a probe when the probe costs at most two
+(``probe_min`` .. ``probe_max``); a drafter round the policy chooses on its own resets
+it. A chosen lookup arm observes no drafts either: then the probe runs the best drafter arm,
+on the same clock (rounds since the drafter last ran). The first round the policy would give to AR is a probe when the probe costs at most two
 AR steps (a good drafter is seen at once).
 
 A chain arm of ``k`` drafts never verifies depths beyond ``k``, so their discounted estimates
@@ -218,7 +219,7 @@ class PolicyState:
     observed: jax.Array        # [B, G, D] float32 decayed verified drafts per depth
     costs: jax.Array           # [A] float32 ms per round of each arm (the cost model)
     force: jax.Array           # int32 scalar: -1 = the policy chooses, else this arm
-    since_spec: jax.Array      # int32 AR rounds since the last speculative round
+    since_spec: jax.Array      # int32 rounds since the last drafter round (AR, lookup)
     probe_interval: jax.Array  # int32 AR rounds before the next probe
     arm_rounds: jax.Array      # [A] int32 rounds run per arm
     since_widen: jax.Array     # int32 rounds since the last widening probe
@@ -346,9 +347,18 @@ def choose_arm(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, stat
     chosen = jnp.where(policy.force >= 0, policy.force, best)
     # a probe's extra cost over the AR step, in AR steps, scales the rounds between probes:
     # probing costs at most 1 / probe_interval of the AR time whatever the arms cost
-    extra = policy.costs[best_spec] / jnp.maximum(policy.costs[0], 1e-6) - 1.0
+    # with lookup arms, a chosen lookup arm observes no drafts either: the probe then runs
+    # the best drafter arm (a lookup arm with a calibrated cost at or under the AR step's
+    # could otherwise hold every round and the drafter would never be seen again)
+    drafters = _num_drafter_arms(widths)
+    target = best_spec
+    if drafters < len(widths):
+        best_drafter = (jnp.argmax(value[1:drafters]) + 1).astype(jnp.int32)
+        target = jnp.where(chosen == 0, best_spec, best_drafter)
+    undrafted = (chosen == 0) | (chosen >= drafters)
+    extra = policy.costs[target] / jnp.maximum(policy.costs[chosen], 1e-6) - 1.0
     wait = policy.probe_interval * jnp.maximum(extra, 0.0)
-    probe = (chosen == 0) & (policy.force < 0) & (policy.since_spec >= wait) & repaid(wait)
+    probe = undrafted & (policy.force < 0) & (policy.since_spec >= wait) & repaid(wait)
     # widening: a chain arm's depths beyond the chosen width are never verified, so their
     # discounted estimates could keep the policy narrow for good; when the next wider arm
     # would win with those depths at the deepest observed rate (no discount), it runs once,
@@ -361,7 +371,7 @@ def choose_arm(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, stat
         wait_w = policy.widen_interval * jnp.maximum(extra_w, 0.0)
         widen = ((wider != chosen) & (policy.force < 0) & (optimistic[wider] > value[chosen])
                  & (policy.since_widen >= wait_w) & repaid(wait_w))
-    arm = jnp.where(probe, best_spec, jnp.where(widen, wider, chosen))
+    arm = jnp.where(probe, target, jnp.where(widen, wider, chosen))
     kind = jnp.where(probe, AR_PROBE, jnp.where(widen, WIDEN_PROBE, NO_PROBE)).astype(jnp.int32)
     return arm, kind, (arm == 0) & buffer_full
 
@@ -388,7 +398,9 @@ def observe(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, arm, pr
     seen3 = seen[:, None, :] & in_group
     acc = jnp.where(seen3, adaptive.decay * policy.accepted + hit[:, None, :], policy.accepted)
     obs = jnp.where(seen3, adaptive.decay * policy.observed + 1.0, policy.observed)
-    speculative = arm > 0
+    # the probe clock counts rounds since the drafter last ran (lookup rounds observe no
+    # drafts); with no lookup arms that is every speculative round
+    speculative = (arm > 0) & (arm < _num_drafter_arms(widths))
     probed, widened = probe == AR_PROBE, probe == WIDEN_PROBE
     # an AR probe that committed as many tokens per row as its cost in AR steps, plus the
     # margin the choice asks of speculation, paid for itself (the estimates were too low):
@@ -399,7 +411,8 @@ def observe(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, arm, pr
     probe_paid = tokens * policy.costs[0] >= policy.costs[arm] * (1.0 + adaptive.margin)
     interval = jnp.where(probed & ~probe_paid,
                          jnp.minimum(2 * policy.probe_interval, adaptive.probe_max),
-                         jnp.where(speculative, adaptive.probe_min, policy.probe_interval))
+                         jnp.where(speculative | probed, adaptive.probe_min,
+                                   policy.probe_interval))
     # a widening probe that committed drafts past the narrower arm's width found what it
     # looked for: the interval stays; one that did not doubles it
     narrower = jnp.asarray([abs(w) for w in widths], jnp.int32)[jnp.maximum(arm - 1, 0)]
@@ -408,7 +421,7 @@ def observe(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, arm, pr
                                jnp.minimum(2 * policy.widen_interval, adaptive.probe_max),
                                policy.widen_interval)
     return PolicyState(acc, obs, policy.costs, policy.force,
-                       jnp.where(speculative, 0, policy.since_spec + 1), interval,
+                       jnp.where(speculative | probed, 0, policy.since_spec + 1), interval,
                        policy.arm_rounds.at[arm].add(1),
                        jnp.where(widened, 0, policy.since_widen + 1), widen_interval)
 
