@@ -96,7 +96,8 @@ def calibrate(run_forced: Callable[[int, int], tuple[float, int]], num_arms: int
               kinds: Sequence[int] | None = None) -> tuple[list[float], list[list[float]]]:
     """The fastest of ``reps`` timings (ms per round) of each arm (arms sorted by width
     within each kind: ``kinds[a]``, e.g. drafter arms 0 and lookup arms 1; default one kind),
-    made non-decreasing with the width within each kind. ``run_forced(arm, rounds) ->
+    made non-decreasing with the width within each kind and never below arm 0's (the AR
+    step). ``run_forced(arm, rounds) ->
     (seconds, rounds run)`` runs the loop with ``arm`` forced on a fresh copy of the state;
     arms are interleaved rep by rep (a shared machine's load drifts), after one untimed
     warm-up call. Returns ``(costs, samples)``.
@@ -125,7 +126,15 @@ def calibrate(run_forced: Callable[[int, int], tuple[float, int]], num_arms: int
     kinds = list(kinds) if kinds is not None else [0] * num_arms
     monotone = [max(f for f, k in zip(fastest[:i + 1], kinds) if k == kinds[i])
                 for i in range(num_arms)]
-    return monotone, samples
+    return floor_at_ar(monotone), samples
+
+
+def floor_at_ar(costs: Sequence[float]) -> list[float]:
+    """Every arm is an AR step's verify and bookkeeping plus more rows, so none costs less
+    than arm 0: a lower calibrated time is load noise (a lookup arm calibrated at 52 ms
+    against the AR step's 56 on the CPU looked free and held the demo prompt at 1.07x, where
+    the drafter arms alone gave 1.38x). Applied to calibrations and to stored tables."""
+    return [float(costs[0])] + [max(float(c), float(costs[0])) for c in costs[1:]]
 
 
 @dataclasses.dataclass
@@ -157,7 +166,7 @@ class CostModel:
         if not self.recalibrate:
             entry = _load(path)["entries"].get(key)
             if entry is not None and list(entry.get("widths", [])) == list(widths):
-                return [float(c) for c in entry["ms"]], 0.0, f"table {path}"
+                return floor_at_ar(entry["ms"]), 0.0, f"table {path}"
         t0 = time.perf_counter()
         # lookup arms (codes < 0, decode/lookup_arm.py) are not wider drafter arms
         costs, samples = calibrate(run_forced, len(widths), self.rounds, self.reps,
