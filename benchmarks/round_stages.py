@@ -17,6 +17,9 @@ state (models as ``bench_batch_sweep.py``: ``--mode forced`` random weights at `
 
 Each piece is a separate jitted call timed ``--reps`` times after a warm-up (median, in ms;
 ``dispatch``: the median of an empty jitted call, the per-call floor in these numbers).
+Beside the times, ``backbone_gflop`` / ``backbone_gflop_all_slots``: XLA's cost analysis of
+the compiled backbone with its last layer over the ``k`` slots the drafts read (what
+``block_hidden`` runs, ``DFlashBackbone(output_rows=...)``) and over the whole block.
 
     python benchmarks/round_stages.py --mode forced --shape qwen3-8b --batch 32 --widths 2,4,8,16
     python benchmarks/round_stages.py --mode forced --shape tiny --batch 2 --widths 2   # CPU smoke
@@ -106,8 +109,32 @@ def stage_times(models, prompts, k: int, args, median_ms) -> dict:
         "commit": median_ms(commit, state, verified, key),
     }
     times["round"] = round_ms(prep, tp, dp, state, args)
+    times["backbone_gflop"], times["backbone_gflop_all_slots"] = backbone_gflop(
+        drafter, tp, dp, state)
     times["sum"] = sum(times[s] for s in ("draft", "verify_forward", "accept", "commit"))
     return times
+
+
+def backbone_gflop(drafter, tp, dp, state) -> tuple[float, float]:
+    """XLA's flop count (GFLOP) of the compiled backbone over this round's block, with the
+    last layer over the slots the drafts read and over every slot."""
+    import jax
+
+    def flops(rows):
+        def forward(tp, dp, s):
+            width = s.context.shape[1]
+            start = s.target_cache.lengths
+            ctx_pos = (start - s.context_len)[:, None] + jax.numpy.arange(width)[None]
+            embeds, block_pos = drafter.block_inputs(tp, s.root, start, dp)
+            return drafter.backbone.apply({"params": dp["backbone"]}, s.context, ctx_pos,
+                                          s.context_len, embeds, block_pos, s.draft_cache,
+                                          output_rows=rows)
+        cost = jax.jit(forward).lower(tp, dp, state).compile().cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost
+        return float(cost.get("flops", float("nan"))) / 1e9
+
+    rows = drafter.num_positions + (0 if drafter.config.shift_label else 1)
+    return flops(rows), flops(None)
 
 
 def round_ms(prep, tp, dp, state, args) -> float:

@@ -140,4 +140,6 @@ def test_round_stages_tiny(tmp_path):
                  "commit", "round"):
         assert stages[name] > 0, name
     assert report["meta"]["ar_ms"] > 0 and report["meta"]["batch"] == 2
+    # 2 of the tiny block's 8 slots in the last layer: fewer flops than the whole block
+    assert 0 < stages["backbone_gflop"] < stages["backbone_gflop_all_slots"]
     assert "| 2 |" in (tmp_path / "stages.md").read_text()

@@ -41,14 +41,15 @@ AR rounds in a row, ``e`` the probe's extra cost over an AR step in AR steps (so
 at most ``1 / probe_interval`` of the AR time, however wide the batch makes the arms), it
 runs the best speculative arm once; each probe that does not convince doubles the interval
 (``probe_min`` .. ``probe_max``); a drafter round the policy chooses on its own resets
-it. A chosen lookup arm observes no drafts either: then the probe runs the best drafter arm,
-on the same clock (rounds since the drafter last ran). The first round the policy would give to AR is a probe when the probe costs at most two
-AR steps (a good drafter is seen at once).
+it. A chosen lookup arm observes no drafts either: then the probe runs the best drafter
+arm, on the same clock (rounds since the drafter last ran). The first round the policy would
+give to AR is a probe when the probe costs at most two AR steps (a good drafter is seen at
+once).
 
 A chain arm of ``k`` drafts never verifies depths beyond ``k``, so their discounted estimates
 alone could keep the policy at ``k`` for good (measured on the H200 at the Qwen3-8B shape,
-batch 1: 8 drafts chosen where 16 were 12% faster at forced tau 6, 22% at tau 8). So the policy also **widens by probing**: when the next wider chain arm would
-beat the chosen one with its unseen depths at the deepest observed rate (no discount), it
+batch 1: 8 drafts chosen where 16 were 12% faster at forced tau 6, 22% at tau 8). So the
+policy also **widens by probing**: when the next wider chain arm would beat the chosen one with its unseen depths at the deepest observed rate (no discount), it
 runs once after ``widen_interval * e`` rounds, ``e`` its extra cost over the chosen arm's as
 a fraction (so widening probes cost at most ``1 / widen_interval`` extra); each that commits
 no draft past the narrower arm's width doubles the interval (``probe_min`` .. ``probe_max``).
@@ -350,11 +351,9 @@ def choose_arm(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, stat
     # with lookup arms, a chosen lookup arm observes no drafts either: the probe then runs
     # the best drafter arm (a lookup arm with a calibrated cost at or under the AR step's
     # could otherwise hold every round and the drafter would never be seen again)
-    drafters = _num_drafter_arms(widths)
-    target = best_spec
-    if drafters < len(widths):
-        best_drafter = (jnp.argmax(value[1:drafters]) + 1).astype(jnp.int32)
-        target = jnp.where(chosen == 0, best_spec, best_drafter)
+    drafters = _num_drafter_arms(widths)          # arms 0..drafters-1; lookup arms after
+    best_drafter = (jnp.argmax(value[1:drafters]) + 1).astype(jnp.int32)
+    target = jnp.where(chosen == 0, best_spec, best_drafter)
     undrafted = (chosen == 0) | (chosen >= drafters)
     extra = policy.costs[target] / jnp.maximum(policy.costs[chosen], 1e-6) - 1.0
     wait = policy.probe_interval * jnp.maximum(extra, 0.0)
@@ -382,8 +381,9 @@ def observe(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, arm, pr
     were accepted and draft ``accepted + 1`` (if the arm verified it) was rejected (a
     lookup arm: in the row's match-length group, rows that matched only). ``probe``: the
     kind :func:`choose_arm` returned; a probe that did not pay for itself doubles its own
-    interval (up to ``probe_max``); a speculative round the policy chose, or an AR probe
-    that paid, resets the AR probes' interval to ``probe_min``."""
+    interval (up to ``probe_max``); a drafter round the policy chose, or a probe that
+    paid, resets the probes' interval to ``probe_min`` and the probe clock
+    (``since_spec``: rounds since the drafter last ran; lookup rounds keep it counting)."""
     groups = arm_groups(base, widths)
     depth_of = jnp.asarray([d for _, d in groups], jnp.int32)[arm]
     row_group, counts = _row_groups(adaptive, base, widths, arm, matched,
@@ -400,7 +400,7 @@ def observe(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, arm, pr
     obs = jnp.where(seen3, adaptive.decay * policy.observed + 1.0, policy.observed)
     # the probe clock counts rounds since the drafter last ran (lookup rounds observe no
     # drafts); with no lookup arms that is every speculative round
-    speculative = (arm > 0) & (arm < _num_drafter_arms(widths))
+    drafted = (arm > 0) & (arm < _num_drafter_arms(widths))
     probed, widened = probe == AR_PROBE, probe == WIDEN_PROBE
     # an AR probe that committed as many tokens per row as its cost in AR steps, plus the
     # margin the choice asks of speculation, paid for itself (the estimates were too low):
@@ -411,7 +411,7 @@ def observe(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, arm, pr
     probe_paid = tokens * policy.costs[0] >= policy.costs[arm] * (1.0 + adaptive.margin)
     interval = jnp.where(probed & ~probe_paid,
                          jnp.minimum(2 * policy.probe_interval, adaptive.probe_max),
-                         jnp.where(speculative | probed, adaptive.probe_min,
+                         jnp.where(drafted | probed, adaptive.probe_min,
                                    policy.probe_interval))
     # a widening probe that committed drafts past the narrower arm's width found what it
     # looked for: the interval stays; one that did not doubles it
@@ -421,7 +421,7 @@ def observe(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, arm, pr
                                jnp.minimum(2 * policy.widen_interval, adaptive.probe_max),
                                policy.widen_interval)
     return PolicyState(acc, obs, policy.costs, policy.force,
-                       jnp.where(speculative | probed, 0, policy.since_spec + 1), interval,
+                       jnp.where(drafted | probed, 0, policy.since_spec + 1), interval,
                        policy.arm_rounds.at[arm].add(1),
                        jnp.where(widened, 0, policy.since_widen + 1), widen_interval)
 

@@ -97,9 +97,8 @@ def calibrate(run_forced: Callable[[int, int], tuple[float, int]], num_arms: int
     """The fastest of ``reps`` timings (ms per round) of each arm (arms sorted by width
     within each kind: ``kinds[a]``, e.g. drafter arms 0 and lookup arms 1; default one kind),
     made non-decreasing with the width within each kind and never below arm 0's (the AR
-    step). ``run_forced(arm, rounds) ->
-    (seconds, rounds run)`` runs the loop with ``arm`` forced on a fresh copy of the state;
-    arms are interleaved rep by rep (a shared machine's load drifts), after one untimed
+    step; :func:`floor_at_ar`). ``run_forced(arm, rounds) -> (seconds, rounds run)`` runs
+    the loop with ``arm`` forced on a fresh copy of the state; arms are interleaved rep by rep (a shared machine's load drifts), after one untimed
     warm-up call. Returns ``(costs, samples)``.
 
     Each timing first loses the call's fixed cost (launch, host sync), the fastest of
