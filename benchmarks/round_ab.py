@@ -179,7 +179,8 @@ def measure_hlo(args) -> dict:
         speculative._COMPILED.clear()
         speculative.precompile(target, tp, prompts[:1], _config(method, args.max_new_tokens),
                                drafter, dp)
-        (_, rounds_fn, _), = speculative._COMPILED.values()
+        rounds_fn, = [program for key, (program, _) in speculative._COMPILED.items()
+                      if key[0] == "rounds"]
         text = rounds_fn.as_text()
         top, everything = while_body_ops(text)
         out[method] = {"while_body_ops": top, "while_body_ops_transitive": everything}

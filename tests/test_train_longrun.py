@@ -204,8 +204,9 @@ def test_exact_resume_through_split_and_join(runs):
             assert h["loss"] == by_step[h["step"]]["loss"]
             assert h["tokens_seen"] == by_step[h["step"]]["tokens_seen"]
         assert _strip(resumed.curve) == _strip(full.curve)
-    # 10 evaluations in 4 runs, 2 methods, one batch shape: one program pair per method
-    assert runs["decode_programs"] == 2
+    # 10 evaluations in 4 runs, 2 methods, one batch shape: one prefill and one round loop
+    # per method
+    assert runs["decode_programs"] == 4
     for name in ("moved", "elsewhere"):                # history carried on, step 3 once
         lines = open(tmp / name / "metrics.jsonl").read().splitlines()
         assert [json.loads(x)["step"] for x in lines] == [1, 2, 3, 4, 5, 6]

@@ -518,8 +518,10 @@ def arm_round(target, base, width: int, config, target_params, draft_params, sta
 
 
 def adaptive_rounds(target, drafter, config, target_params, draft_params, state,
-                    policy: PolicyState, max_rounds: jax.Array):
-    """Run adaptive rounds until every row is done or ``max_rounds`` rounds have run;
+                    policy: PolicyState, max_rounds: jax.Array,
+                    done_limit: jax.Array | None = None):
+    """Run adaptive rounds until every row is done (or ``done_limit`` rows are:
+    :func:`~domino_jax.decode.round.keep_running`) or ``max_rounds`` rounds have run;
     ``drafter`` is the loop's :func:`base_drafter`. Returns ``(state, policy)``."""
     adaptive = config.adaptive
     widths = resolve_widths(adaptive, drafter)
@@ -530,7 +532,7 @@ def adaptive_rounds(target, drafter, config, target_params, draft_params, state,
 
     def cond(carry):
         state, _, n = carry
-        return (~jnp.all(state.done)) & (n < max_rounds)
+        return round_lib.keep_running(state, n, max_rounds, done_limit)
 
     def body(carry):
         state, policy, n = carry

@@ -202,13 +202,28 @@ def decode_round(target: TargetLM, drafter: Drafter | None, config, target_param
     return commit(drafter, config, state, verified, key)
 
 
+def keep_running(state: DecodeState, rounds: jax.Array, max_rounds: jax.Array,
+                 done_limit: jax.Array | None) -> jax.Array:
+    """The round loops' condition: fewer than ``max_rounds`` rounds run and fewer than
+    ``done_limit`` rows done (``None``: not every row done). A continuous-batching
+    scheduler (:mod:`domino_jax.decode.serving`) passes its done rows + 1, so the loop
+    returns as soon as a slot can be refilled."""
+    if done_limit is None:
+        running = ~jnp.all(state.done)
+    else:
+        running = jnp.sum(state.done.astype(jnp.int32)) < done_limit
+    return running & (rounds < max_rounds)
+
+
 def decode_rounds(target: TargetLM, drafter: Drafter | None, config, target_params,
-                  draft_params, state: DecodeState, max_rounds: jax.Array) -> DecodeState:
-    """Run rounds until every row is done or ``max_rounds`` rounds have run."""
+                  draft_params, state: DecodeState, max_rounds: jax.Array,
+                  done_limit: jax.Array | None = None) -> DecodeState:
+    """Run rounds until every row is done (or ``done_limit`` rows are: :func:`keep_running`)
+    or ``max_rounds`` rounds have run."""
 
     def cond(carry):
         state, n = carry
-        return (~jnp.all(state.done)) & (n < max_rounds)
+        return keep_running(state, n, max_rounds, done_limit)
 
     def body(carry):
         state, n = carry

@@ -104,16 +104,21 @@ def prompt_bucket(length: int) -> int:
     return -(-length // 256) * 256
 
 
-def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0, bucket: bool = True):
-    """Right-pad token lists to ``[B, T]`` (``T`` bucketed, see :func:`prompt_bucket`);
-    returns (array, lengths). Padding is never attended to: each row's cache length is its
-    own prompt length."""
+def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0, bucket: bool = True,
+                width: int | None = None):
+    """Right-pad token lists to ``[B, T]`` (``T`` bucketed, see :func:`prompt_bucket`, or
+    ``width`` when given: at least the longest prompt); returns (array, lengths). Padding is
+    never attended to: each row's cache length is its own prompt length."""
     lengths = [len(p) for p in prompts]
     for i, n in enumerate(lengths):
         if n == 0:
             raise ValueError(f"prompt {i} is empty: give at least one token (e.g. BOS or a "
                              "chat template)")
-    width = prompt_bucket(max(lengths)) if bucket else max(lengths)
+    longest = max(lengths)
+    if width is None:
+        width = prompt_bucket(longest) if bucket else longest
+    elif width < longest:
+        raise ValueError(f"pad width {width} is shorter than the longest prompt ({longest})")
     array = np.full((len(prompts), width), pad_id, np.int32)
     for i, p in enumerate(prompts):
         array[i, :len(p)] = p
@@ -158,16 +163,18 @@ def _resolve_drafter(target: TargetLM, config: DecodeConfig, drafter) -> Drafter
 
 
 def _prepare(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
-             config: DecodeConfig, drafter, draft_params, seed: int) -> _Prepared:
-    """Validate, pad, size the cache and fetch (or compile) the programs: everything
-    :func:`generate` does before running anything (shared with :func:`precompile`)."""
+             config: DecodeConfig, drafter, draft_params, seed: int,
+             width: int | None = None) -> _Prepared:
+    """Validate, pad (to ``width`` when given), size the cache and fetch (or compile) the
+    programs: everything :func:`generate` does before running anything (shared with
+    :func:`precompile` and :func:`~domino_jax.decode.serving.serve`)."""
     drafter = _resolve_drafter(target, config, drafter)
     widths = None
     if config.adaptive is not None:       # the loop's state is sized by the widest arm
         widths = adaptive_lib.resolve_widths(config.adaptive, drafter)
         drafter = adaptive_lib.base_drafter(drafter, config.adaptive)
     check_context_length(target.config, [len(p) for p in prompts], config.max_new_tokens)
-    prompt, prompt_len = pad_prompts(prompts)
+    prompt, prompt_len = pad_prompts(prompts, width=width)
     num_drafts = drafter.verify_width - 1                                 # verify rows - root
     needed = required_capacity(int(prompt_len.max()), config, num_drafts)
     # Default capacity from the bucketed width (one compiled program per bucket), aligned to
@@ -286,85 +293,139 @@ def _start_policy(prep: _Prepared, target, config: DecodeConfig, target_params, 
     return make(costs), seconds, source
 
 
-# (prefill_fn, rounds_fn, compile seconds) per cache key; _PENDING holds an Event per key
-# some thread is compiling right now. _LOCK guards both dicts, never a compile.
+class RoundsProgram:
+    """A compiled round loop: ``(target_params, draft_params, state, max_rounds)`` -> state,
+    adaptive ``(..., state, policy, max_rounds)`` -> ``(state, policy)``; the keyword
+    ``done_limit`` (default: the whole batch) returns once that many rows are done
+    (:func:`~domino_jax.decode.round.keep_running`: what continuous batching refills)."""
+
+    def __init__(self, compiled, batch: int):
+        self.compiled, self.batch = compiled, batch
+
+    def __call__(self, *args, done_limit: int | None = None):
+        limit = self.batch if done_limit is None else done_limit
+        return self.compiled(*args, jnp.int32(limit))
+
+    def as_text(self) -> str:
+        return self.compiled.as_text()
+
+
+# compiled programs and their compile seconds per cache key; _PENDING holds an Event per
+# key some thread is compiling right now. _LOCK guards both dicts, never a compile.
 _COMPILED: dict = {}
 _PENDING: dict = {}
 _LOCK = threading.Lock()
 
 
-def _compiled(target, drafter, config, target_params, draft_params, prompt, prompt_len, key,
-              capacity):
-    """AOT-compiled prefill and round loop, cached per (models, config, shapes), traced
-    under :func:`matmul_precision`.
+def _cached(cache_key, build):
+    """``(value, seconds)``: ``build()``'s value cached under ``cache_key``; seconds = this
+    call's build time, or the time it waited for another thread building the same key, or
+    0.0 on a cache hit. Thread-safe; each key is built once (if a build raises, the error
+    propagates in the building thread and a waiting thread retries the build itself)."""
+    t0 = time.perf_counter()
+    waited = False
+    while True:
+        with _LOCK:
+            if cache_key in _COMPILED:
+                value, _ = _COMPILED[cache_key]
+                return value, (time.perf_counter() - t0) if waited else 0.0
+            event = _PENDING.get(cache_key)
+            if event is None:                       # ours to build
+                event = _PENDING[cache_key] = threading.Event()
+                break
+        event.wait()                                # another thread is building it
+        waited = True
+    try:
+        value = build()
+        seconds = time.perf_counter() - t0
+        with _LOCK:
+            _COMPILED[cache_key] = (value, seconds)
+    finally:
+        with _LOCK:
+            del _PENDING[cache_key]
+        event.set()
+    return value, seconds
 
-    Returns ``(prefill_fn, rounds_fn, seconds)``: seconds = this call's compile time, or
-    the time it waited for another thread compiling the same key, or 0.0 on a cache hit.
-    Thread-safe; each key is compiled once (if that compile raises, the error propagates in
-    the compiling thread and a waiting thread retries the compile itself).
-    """
+
+def _program_key(target, drafter, config, target_params, draft_params, shape, capacity):
     # multi-device shardings too: tensor-parallel params (decode/tensor_parallel.py) compile
     # other programs; host arrays and one-device arrays share one
     spread = lambda x: x.sharding if len(getattr(x, "sharding", None) and
                                          x.sharding.device_set or ()) > 1 else None
     spec = lambda tree: jax.tree_util.tree_map(
         lambda x: (jax.ShapeDtypeStruct(x.shape, x.dtype), spread(x)), tree)
-    cache_key = (target, drafter, config, prompt.shape, capacity, matmul_precision(target),
-                 jax.tree_util.tree_structure(target_params), str(spec(target_params)),
-                 str(spec(draft_params)))
-    t0 = time.perf_counter()
-    waited = False
-    while True:
-        with _LOCK:
-            if cache_key in _COMPILED:
-                prefill_fn, rounds_fn, _ = _COMPILED[cache_key]
-                return prefill_fn, rounds_fn, (time.perf_counter() - t0) if waited else 0.0
-            event = _PENDING.get(cache_key)
-            if event is None:                       # ours to compile
-                event = _PENDING[cache_key] = threading.Event()
-                break
-        event.wait()                                # another thread is compiling it
-        waited = True
-    try:
-        adaptive = config.adaptive
-        prefill_jit = _prefill_jit if adaptive is None else _adaptive_prefill_jit
-        prefill_of = prefill if adaptive is None else adaptive_lib.prefill
+    return (target, drafter, config, tuple(shape), capacity, matmul_precision(target),
+            jax.tree_util.tree_structure(target_params), str(spec(target_params)),
+            str(spec(draft_params)))
+
+
+def compiled_prefill(target, drafter, config, target_params, draft_params, prompt,
+                     prompt_len, key, capacity):
+    """``(prefill_fn, seconds)``: the AOT-compiled prefill alone for prompts shaped like
+    ``prompt [B, T]`` (continuous batching refills a few slots with it), cached as
+    :func:`_compiled`'s."""
+    adaptive = config.adaptive
+    prefill_jit = _prefill_jit if adaptive is None else _adaptive_prefill_jit
+
+    def build():
         with precision_scope(target):
-            prefill_fn = prefill_jit.lower(target, drafter, config, target_params, draft_params,
-                                           prompt, prompt_len, key, capacity).compile()
+            return prefill_jit.lower(target, drafter, config, target_params, draft_params,
+                                     prompt, prompt_len, key, capacity).compile()
+
+    return _cached(("prefill",) + _program_key(target, drafter, config, target_params,
+                                                draft_params, prompt.shape, capacity), build)
+
+
+def _compiled(target, drafter, config, target_params, draft_params, prompt, prompt_len, key,
+              capacity):
+    """AOT-compiled prefill and round loop (a :class:`RoundsProgram`), cached per (models,
+    config, shapes), traced under :func:`matmul_precision`.
+
+    Returns ``(prefill_fn, rounds_fn, seconds)``: seconds = this call's compile time, or
+    the time it waited for another thread compiling the same key, or 0.0 on a cache hit
+    (thread-safe, each key compiled once: :func:`_cached`).
+    """
+    t0 = time.perf_counter()
+    prefill_fn, prefill_seconds = compiled_prefill(target, drafter, config, target_params, draft_params,
+                                     prompt, prompt_len, key, capacity)
+
+    def build():
+        adaptive = config.adaptive
+        prefill_of = prefill if adaptive is None else adaptive_lib.prefill
+        limit = jnp.int32(0)
+        with precision_scope(target):
             state_spec = jax.eval_shape(
                 lambda tp, dp, p, pl, k: prefill_of(target, drafter, config, tp, dp, p, pl, k,
                                                     capacity),
                 target_params, draft_params, prompt, prompt_len, key)
             if adaptive is None:
-                rounds_fn = _rounds_jit.lower(target, drafter, config, target_params,
-                                              draft_params, state_spec, jnp.int32(0)).compile()
+                compiled = _rounds_jit.lower(target, drafter, config, target_params,
+                                             draft_params, state_spec, limit, limit).compile()
             else:
                 widths = adaptive_lib.resolve_widths(adaptive, drafter)
                 policy_spec = jax.eval_shape(lambda: adaptive_lib.init_policy(
                     adaptive, drafter, widths, prompt.shape[0], [1.0] * len(widths)))
-                rounds_fn = _adaptive_rounds_jit.lower(
+                compiled = _adaptive_rounds_jit.lower(
                     target, drafter, config, target_params, draft_params, state_spec,
-                    policy_spec, jnp.int32(0)).compile()
-        seconds = time.perf_counter() - t0
-        with _LOCK:
-            _COMPILED[cache_key] = (prefill_fn, rounds_fn, seconds)
-    finally:
-        with _LOCK:
-            del _PENDING[cache_key]
-        event.set()
-    return prefill_fn, rounds_fn, seconds
+                    policy_spec, limit, limit).compile()
+        return RoundsProgram(compiled, prompt.shape[0])
+
+    rounds_fn, seconds = _cached(("rounds",) + _program_key(
+        target, drafter, config, target_params, draft_params, prompt.shape, capacity), build)
+    return prefill_fn, rounds_fn, ((time.perf_counter() - t0) if prefill_seconds or seconds
+                                   else 0.0)
+
+
+def trim_row(tokens: np.ndarray, count: int, config: DecodeConfig) -> list[int]:
+    """One row's output: its first ``count`` tokens (at most ``max_new_tokens``), cut after
+    the first stop token."""
+    row = tokens[:min(int(count), config.max_new_tokens)].tolist()
+    for i, t in enumerate(row):
+        if t in config.stop_token_ids:
+            return row[:i + 1]
+    return row
 
 
 def _trim(state: DecodeState, config: DecodeConfig) -> list[list[int]]:
-    tokens = np.asarray(state.out_tokens)
-    counts = np.minimum(np.asarray(state.num_out), config.max_new_tokens)
-    result = []
-    for row, n in zip(tokens, counts):
-        row = row[:n].tolist()
-        for i, t in enumerate(row):
-            if t in config.stop_token_ids:
-                row = row[:i + 1]
-                break
-        result.append(row)
-    return result
+    tokens, counts = np.asarray(state.out_tokens), np.asarray(state.num_out)
+    return [trim_row(row, n, config) for row, n in zip(tokens, counts)]

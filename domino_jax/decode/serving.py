@@ -1,0 +1,254 @@
+"""Continuous batching: a queue of requests through a fixed number of slots.
+
+    result = serve(target, target_params, requests, DecodeConfig(method="domino", ...),
+                   drafter, draft_params, slots=32)
+
+:func:`~domino_jax.decode.speculative.generate` runs a static batch: the loop runs until its
+slowest row is done, and the rows that finish first idle through the tail. With speculation
+rows finish at different rounds (each accepts at its own rate), so a static batch pays for
+its slowest row: on the CPU at batch 16-32 the adaptive policy's wider rounds paid on
+average over the rows but not for the last one (``benchmarks/NOTES.md`` entry 24). Serving
+engines (vLLM, SGLang) refill a slot as soon as its request is done; this does the same
+around the same compiled programs:
+
+1. the first ``slots`` requests are prefilled as one batch (every prompt padded to one
+   width, the bucket of the longest request, so one program serves the whole queue);
+2. the round loop (:class:`~domino_jax.decode.speculative.RoundsProgram`) runs until one
+   more row is done (``done_limit``): one host sync per finished request, not per round;
+3. each done slot's output is taken, and the next requests are prefilled together (a
+   batch of the next power of two, the extra rows dropped: one program per size) and
+   written into the done slots (:func:`insert_rows`; the adaptive policy's per-row
+   acceptance statistics of those slots go back to the prior, :func:`reset_policy_rows`);
+4. until the queue is empty and every slot is done.
+
+Each request's tokens are exactly what a batch of its own would give at T = 0 (rows never
+read each other; tests: greedy equality with AR per request). At T > 0 a request's random
+stream depends on its slot and the rounds it shares with others (as in any batched
+sampler), not its distribution. ``seconds`` is the wall time of the whole queue, prefills
+included, so AR and speculation are compared on the same work (compile and the adaptive
+cost calibration excluded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from domino_jax.decode import adaptive as adaptive_lib
+from domino_jax.decode import speculative
+from domino_jax.decode.config import DecodeConfig
+from domino_jax.decode.cost_model import CostModel
+
+
+@dataclasses.dataclass
+class ServeResult:
+    tokens: list[list[int]]      # generated tokens per request, in request order
+    rounds: np.ndarray           # [R] rounds each request was live
+    accept_hist: np.ndarray      # [R, W + 1]; index n = rounds that committed n tokens
+    slots: int
+    seconds: float               # wall time of the queue: prefills + round loops
+    prefill_seconds: float       # of which prefills (the first fill and the refills)
+    loop_rounds: int             # rounds of the slots' loop (a round serves every slot)
+    loop_calls: int              # round-loop calls (host syncs)
+    refills: int                 # refill prefills run
+    verify_width: int
+    compile_seconds: float = 0.0
+    calibration_seconds: float = 0.0
+    cost_source: str = ""
+    verify_widths: dict = dataclasses.field(default_factory=dict)
+    arm_rounds: dict = dataclasses.field(default_factory=dict)
+    arm_costs: list = dataclasses.field(default_factory=list)
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens committed per round (accepted drafts + bonus), over all requests."""
+        hist = self.accept_hist.sum(0)
+        return float((hist * np.arange(len(hist))).sum() / max(hist.sum(), 1))
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Output throughput: every generated token over the queue's wall time."""
+        return self.new_tokens / max(self.seconds, 1e-9)
+
+
+def batch_axes(small, large) -> list:
+    """Per leaf of two pytrees of one structure whose batch sizes differ, the axis where
+    their shapes differ (the batch axis), or ``None`` for a leaf without one (the state's
+    RNG key)."""
+    axes = []
+    for a, b in zip(jax.tree_util.tree_leaves(small), jax.tree_util.tree_leaves(large)):
+        diff = [i for i, (m, n) in enumerate(zip(a.shape, b.shape)) if m != n]
+        if len(diff) > 1:
+            raise ValueError(f"leaf shapes {a.shape} and {b.shape} differ in more than one axis")
+        axes.append(diff[0] if diff else None)
+    return axes
+
+
+def insert_rows(full, part, rows: jax.Array, axes: Sequence[int | None]):
+    """``full`` with batch row ``rows[j]`` of each leaf replaced by row ``j`` of ``part``
+    (``rows [P]`` int32, ``P`` = ``part``'s batch; an index ``>= B`` drops that row); leaves
+    without a batch axis (``axes[i] is None``) keep ``full``'s value."""
+    leaves, tree = jax.tree_util.tree_flatten(full)
+    out = []
+    for leaf, new, axis in zip(leaves, jax.tree_util.tree_leaves(part), axes):
+        if axis is None:
+            out.append(leaf)
+            continue
+        index = (slice(None),) * axis + (rows,)
+        out.append(leaf.at[index].set(new.astype(leaf.dtype), mode="drop"))
+    return jax.tree_util.tree_unflatten(tree, out)
+
+
+def reset_policy_rows(policy: adaptive_lib.PolicyState, rows: jax.Array):
+    """The adaptive policy with the acceptance statistics of batch rows ``rows`` back at the
+    prior (a new request in those slots; indices ``>= B`` are ignored)."""
+    return policy.replace(accepted=policy.accepted.at[rows].set(0.0, mode="drop"),
+                          observed=policy.observed.at[rows].set(0.0, mode="drop"))
+
+
+_insert_jit = jax.jit(insert_rows, static_argnums=(3,), donate_argnums=(0,))
+_reset_jit = jax.jit(reset_policy_rows)   # small; init_policy shares one zeros buffer
+
+
+def refill_size(count: int, slots: int) -> int:
+    """The prefill batch for ``count`` new requests: the next power of two, at most
+    ``slots`` (one compiled prefill per size)."""
+    return min(1 << max(count - 1, 0).bit_length(), slots)
+
+
+def serve(target, target_params, requests: Sequence[Sequence[int]], config: DecodeConfig,
+          drafter=None, draft_params=None, slots: int | None = None, seed: int = 0,
+          cost_model: CostModel | None = None) -> ServeResult:
+    """Decode every request of the queue ``requests`` (token-id prompts) through ``slots``
+    rows (default: all at once, a static batch), refilling a slot when its request is done
+    (see the module doc). Validates like :func:`~domino_jax.decode.speculative.generate`
+    (same ``ValueError`` messages) before any compute."""
+    if not requests:
+        raise ValueError("serve needs at least one request")
+    slots = len(requests) if slots is None else int(slots)
+    if slots < 1:
+        raise ValueError(f"slots must be >= 1, got {slots}")
+    slots = min(slots, len(requests))
+    for i, request in enumerate(requests):          # the whole queue, before any compute
+        if len(request) == 0:
+            raise ValueError(f"request {i} is empty: give at least one token (e.g. BOS or a "
+                             "chat template)")
+    width = speculative.prompt_bucket(max(len(r) for r in requests))
+    speculative.check_context_length(target.config, [len(r) for r in requests],
+                                     config.max_new_tokens)
+    prep = speculative._prepare(target, target_params, requests[:slots], config, drafter,
+                                draft_params, seed, width=width)
+    prefill_of = (speculative.prefill if config.adaptive is None
+                  else adaptive_lib.prefill)
+
+    def state_shape(batch):
+        prompt = jax.ShapeDtypeStruct((batch, width), jnp.int32)
+        return jax.eval_shape(lambda tp, dp, p, pl, k: prefill_of(
+            target, prep.drafter, config, tp, dp, p, pl, k, prep.capacity),
+            target_params, draft_params, prompt, jax.ShapeDtypeStruct((batch,), jnp.int32),
+            prep.key)
+
+    axes = tuple(batch_axes(state_shape(slots), state_shape(slots + 1)))
+
+    refill_compile = 0.0                 # refill prefills compiled inside the clock
+
+    def prefill_fn(batch):               # compiled on first use, its seconds kept apart
+        nonlocal refill_compile
+        if batch == slots:
+            return prep.prefill_fn
+        prompt = jnp.zeros((batch, width), jnp.int32)
+        fn, seconds = speculative.compiled_prefill(
+            target, prep.drafter, config, target_params, draft_params, prompt,
+            jnp.ones((batch,), jnp.int32), prep.key, prep.capacity)
+        refill_compile += seconds
+        return fn
+
+    t0 = time.perf_counter()
+    state = prep.prefill_fn(target_params, draft_params, prep.prompt, prep.prompt_len, prep.key)
+    jax.block_until_ready(state)
+    first_prefill = time.perf_counter() - t0
+    policy, calibration_seconds, cost_source = None, 0.0, ""
+    if prep.widths is not None:
+        policy, calibration_seconds, cost_source = speculative._start_policy(
+            prep, target, config, target_params, draft_params, state, cost_model)
+
+    results: list = [None] * len(requests)
+    rounds = np.zeros(len(requests), np.int64)
+    hist = np.zeros((len(requests), state.accept_hist.shape[1]), np.int64)
+    owner: list = list(range(slots))     # request in each slot (None: idle)
+    queue = slots                        # next request to start
+    loop_rounds = loop_calls = refills = 0
+    refill_seconds = 0.0
+    limit = jnp.int32(config.max_new_tokens + 1)
+    t1 = time.perf_counter()
+    while True:
+        done, live_rounds = np.asarray(state.done), np.asarray(state.rounds)
+        finished = [s for s in range(slots) if done[s] and owner[s] is not None]
+        if finished:                     # take the finished requests' outputs
+            out, num, acc = (np.asarray(x) for x in (state.out_tokens, state.num_out,
+                                                     state.accept_hist))
+            for s in finished:
+                results[owner[s]] = speculative.trim_row(out[s], num[s], config)
+                rounds[owner[s]], hist[owner[s]] = live_rounds[s], acc[s]
+                owner[s] = None
+        new = list(range(queue, min(queue + len(finished), len(requests))))
+        if new:                          # the next requests into the first finished slots
+            t2 = time.perf_counter()
+            size = refill_size(len(new), slots)
+            batch = [requests[r] for r in new] + [requests[new[0]]] * (size - len(new))
+            prompt, prompt_len = speculative.pad_prompts(batch, width=width)
+            fn = prefill_fn(size)
+            part = fn(target_params, draft_params, prompt, prompt_len,
+                      jax.random.fold_in(prep.key, queue))
+            rows = jnp.asarray(finished[:len(new)] + [slots] * (size - len(new)), jnp.int32)
+            state = _insert_jit(state, part, rows, axes)
+            if policy is not None:
+                policy = _reset_jit(policy, rows)
+            jax.block_until_ready(state)
+            refill_seconds += time.perf_counter() - t2
+            for s, r in zip(finished, new):
+                owner[s] = r
+            queue += len(new)
+            refills += 1
+            continue                     # a new row may be done at once (a stop first)
+        if all(o is None for o in owner):
+            break
+        done_limit = min(int(done.sum()) + 1, slots)
+        if policy is None:
+            state = prep.rounds_fn(target_params, draft_params, state, limit,
+                                   done_limit=done_limit)
+        else:
+            state, policy = prep.rounds_fn(target_params, draft_params, state, policy, limit,
+                                           done_limit=done_limit)
+        loop_calls += 1                  # a live row counts every round of the call
+        loop_rounds += int((np.asarray(state.rounds) - live_rounds)[~done].max(initial=0))
+    seconds = time.perf_counter() - t1 - refill_compile + first_prefill
+    prefill_seconds = first_prefill + refill_seconds - refill_compile
+    return _result(prep, results, rounds, hist, slots, seconds, prefill_seconds, loop_rounds,
+                   loop_calls, refills, prep.compile_seconds + refill_compile,
+                   calibration_seconds, cost_source, policy)
+
+
+def _result(prep, results, rounds, hist, slots, seconds, prefill_seconds, loop_rounds,
+            loop_calls, refills, compile_seconds, calibration_seconds, cost_source,
+            policy) -> ServeResult:
+    arms, costs = {}, []
+    if policy is None:
+        widths = {prep.num_drafts + 1: loop_rounds}
+    else:
+        widths = adaptive_lib.width_histogram(prep.widths, np.asarray(policy.arm_rounds))
+        arms = adaptive_lib.arm_histogram(prep.widths, np.asarray(policy.arm_rounds))
+        costs = [float(c) for c in np.asarray(policy.costs)]
+    return ServeResult(results, rounds, hist, slots, seconds, prefill_seconds, loop_rounds,
+                       loop_calls,
+                       refills, prep.num_drafts + 1, compile_seconds, calibration_seconds,
+                       cost_source, widths, arms, costs)

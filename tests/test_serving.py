@@ -1,0 +1,133 @@
+"""Continuous batching (decode/serving.py): a queue of requests through fewer slots gives
+every request exactly what AR gives it alone (greedy: fixed widths, adaptive, trees, stops
+that end rows at different rounds), the first three tokens follow the target at T > 0, the
+row insertion helpers, and the errors. Tiny float32 models."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from decode_helpers import (assert_first_three_follow_target, draft_config,
+                            perm_domino_params, perm_target, reference_greedy, tiny_draft)
+from test_decode_adaptive import AD, MIXED
+from test_decode_greedy import PI, RAGGED
+from test_decode_sampling import PROMPT, V, models  # noqa: F401  (the T > 0 tiny pair)
+from domino_jax.decode import serving
+from domino_jax.decode.adaptive import AdaptiveConfig
+from domino_jax.decode.cost_model import CostModel
+from domino_jax.decode.methods import make_drafter, method_options
+from domino_jax.decode.sampling import SamplingConfig
+from domino_jax.decode.speculative import DecodeConfig, generate
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+MAX_NEW = 14
+REQUESTS = RAGGED + [[5, 6], [9, 9, 9, 1], [2, 3, 4, 5, 6, 7, 8], [30], [17, 18, 19]]
+
+
+def _pair(head="forced"):
+    cfg = draft_config(32, block=4, shift=True, prefix=0, gru=32, emb=32)
+    target, params = perm_target(PI, attn_scale=0.3, seed=1)      # partial acceptance
+    dparams = perm_domino_params(cfg, PI) if head == "forced" else tiny_draft(cfg, seed=5)
+    return cfg, target, params, dparams
+
+
+def _cut(tokens, stops):
+    for i, t in enumerate(tokens):
+        if t in stops:
+            return tokens[:i + 1]
+    return tokens
+
+
+@pytest.mark.parametrize("method,auto", [("ar", False), ("domino", False), ("domino", True),
+                                         ("dominotree", False)])
+def test_every_request_gets_its_greedy_ar_tokens(method, auto):
+    cfg, target, params, dparams = _pair()
+    ref = reference_greedy(target, params, REQUESTS, MAX_NEW)
+    stops = (ref[1][3], ref[4][6])          # some rows stop early, at different rounds
+    expected = [_cut(r, stops) for r in ref]
+    drafter = None if method == "ar" else make_drafter(
+        cfg, target, method, method_options(method, budget=6) if method == "dominotree"
+        else None)
+    config = DecodeConfig(method=method, max_new_tokens=MAX_NEW, stop_token_ids=stops,
+                          adaptive=AD if auto else None)
+    result = serving.serve(target, params, REQUESTS, config, drafter,
+                           None if method == "ar" else dparams, slots=3,
+                           cost_model=MIXED if auto else None)
+    assert result.tokens == expected
+    assert result.refills >= 3 and result.loop_calls >= 3
+    assert result.accept_hist.sum() == result.rounds.sum()
+    per_request = (result.accept_hist * np.arange(result.accept_hist.shape[1])).sum(1)
+    assert all(n >= len(t) - 1 for n, t in zip(per_request, expected))   # blocks overrun
+    assert 0 < result.prefill_seconds < result.seconds
+    assert result.loop_rounds >= int(result.rounds.max())
+    if auto:
+        assert sum(result.verify_widths.values()) == result.loop_rounds
+
+
+def test_static_batch_equals_generate():
+    cfg, target, params, dparams = _pair("random")
+    drafter = make_drafter(cfg, target, "domino")
+    config = DecodeConfig(method="domino", max_new_tokens=MAX_NEW)
+    static = generate(target, params, RAGGED, config, drafter, dparams)
+    served = serving.serve(target, params, RAGGED, config, drafter, dparams)
+    assert served.tokens == static.tokens and served.refills == 0
+    np.testing.assert_array_equal(served.accept_hist, static.accept_hist)
+    one = serving.serve(target, params, RAGGED, config, drafter, dparams, slots=1)
+    assert one.tokens == static.tokens and one.refills == len(RAGGED) - 1
+
+
+def test_adaptive_statistics_of_a_refilled_slot_start_at_the_prior():
+    policy = serving.adaptive_lib.PolicyState(
+        jnp.ones((3, 1, 2)), jnp.ones((3, 1, 2)) * 2, jnp.ones(2), jnp.int32(-1), jnp.int32(4),
+        jnp.int32(8), jnp.zeros(2, jnp.int32), jnp.int32(0), jnp.int32(2))
+    reset = serving.reset_policy_rows(policy, jnp.asarray([2, 3], jnp.int32))   # 3: dropped
+    np.testing.assert_array_equal(np.asarray(reset.accepted)[:, 0, 0], [1, 1, 0])
+    np.testing.assert_array_equal(np.asarray(reset.observed)[:, 0, 0], [2, 2, 0])
+    assert int(reset.since_spec) == 4 and int(reset.probe_interval) == 8   # shared, kept
+
+
+def test_insert_rows_by_batch_axis():
+    full = {"a": jnp.zeros((2, 4, 3)), "b": jnp.zeros((4,)), "key": jnp.arange(2)}
+    part = {"a": jnp.ones((2, 2, 3)), "b": jnp.asarray([7.0, 8.0]), "key": jnp.arange(2) + 5}
+    axes = serving.batch_axes(part, full)
+    assert axes == [1, 0, None]
+    out = serving.insert_rows(full, part, jnp.asarray([3, 4], jnp.int32), axes)   # 4: dropped
+    np.testing.assert_array_equal(np.asarray(out["b"]), [0, 0, 0, 7])
+    np.testing.assert_array_equal(np.asarray(out["a"])[0, :, 0], [0, 0, 0, 1])
+    np.testing.assert_array_equal(np.asarray(out["key"]), [0, 1])
+    assert [serving.refill_size(n, 6) for n in (1, 2, 3, 5, 6)] == [1, 2, 4, 6, 6]
+
+
+def test_serve_errors():
+    cfg, target, params, dparams = _pair()
+    config = DecodeConfig(method="ar", max_new_tokens=4)
+    with pytest.raises(ValueError, match="at least one request"):
+        serving.serve(target, params, [], config)
+    with pytest.raises(ValueError, match="slots must be >= 1, got 0"):
+        serving.serve(target, params, RAGGED, config, slots=0)
+    with pytest.raises(ValueError, match="request 1 is empty"):
+        serving.serve(target, params, [[1], []], config, slots=1)
+    with pytest.raises(ValueError, match="needs a drafter"):
+        serving.serve(target, params, RAGGED, DecodeConfig(method="domino"), slots=2)
+
+
+@pytest.mark.slow
+def test_served_joint_distribution_chi_square(models):
+    """T = 1, ``auto`` over a queue twice the slots: refilled rows sample the target's
+    distribution (first three tokens, chi-square at 0.999)."""
+    cfg, dparams = models["domino"]
+    target, params = models["target"], models["params"]
+    sampling = SamplingConfig(1.0)
+    config = DecodeConfig(method="domino", max_new_tokens=3, sampling=sampling,
+                          verify="rejection", draft_policy="sample",
+                          adaptive=AdaptiveConfig(widths=(0, 2, cfg.k_draft), probe_min=1,
+                                                  probe_max=2))
+    drafter = make_drafter(cfg, target, "domino")
+    result = serving.serve(target, params, [PROMPT] * 1500, config, drafter, dparams,
+                           slots=500, seed=7, cost_model=CostModel(costs=[1.0, 1.3, 1.6]))
+    assert result.refills >= 2 and len(result.verify_widths) >= 2, result.verify_widths
+    assert_first_three_follow_target(target, params, PROMPT, V, result.tokens, sampling)
