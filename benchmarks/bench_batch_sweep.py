@@ -12,6 +12,10 @@ Two modes, any device:
 * ``--mode real``: the SmolLM2-135M-Instruct demo pair with our trained Domino drafter,
   ``B`` distinct held-out prompts per batch (one padding bucket), greedy, natural acceptance.
 
+``--serve R``: continuous batching (``decode/serving.py``) instead of one static batch: a
+queue of ``R * B`` requests through ``B`` slots, a slot refilled when its request is done
+(tokens/s over the queue's wall time, prefills included, for AR too).
+
 Methods (``--methods``): ``ar``, ``ngram`` (the prompt lookup at the CLI defaults, no
 drafter: the floor line; always natural acceptance, also in forced mode, where it accepts
 what the lookup predicts of the random model), ``dflash`` / ``domino`` (16 drafts),
@@ -28,6 +32,8 @@ width histograms. JSON, Markdown and a plot (speedup against batch, one line per
 and tau) are rewritten after every batch.
 
     python benchmarks/bench_batch_sweep.py --mode real --batches 1,4,16,32,64      # CPU
+    python benchmarks/bench_batch_sweep.py --mode real --batches 16,32 --serve 3 \
+        --methods ar,domino-auto+lookup                            # continuous batching
     python benchmarks/bench_batch_sweep.py --mode forced --shape qwen3-8b \\
         --batches 1,4,16,32,64 --taus 2,4,6,8                                      # H200
 """
@@ -83,6 +89,10 @@ def parse_args(argv=None):
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=128, help="forced mode: prompt tokens")
     p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--serve", type=int, default=0, metavar="R",
+                   help="continuous batching (decode/serving.py): a queue of R requests per "
+                        "slot through B slots, finished slots refilled; tokens/s over the "
+                        "queue's wall time, prefills included (default 0: one static batch)")
     p.add_argument("--cost-table", default=None,
                    help="adaptive runs' cost table (default: OUT/batch_sweep_costs.json)")
     p.add_argument("--cost-rounds", type=int, default=3)
@@ -207,12 +217,44 @@ def task_config(models, method: str, tau):
     return config, models.make(base, **options), models.dp
 
 
+def run_task(models, args, batch, prompts, config, drafter, dp, cost_model):
+    """One timed run: ``generate`` on the static batch, or with ``--serve`` the queue
+    through ``batch`` slots (``decode/serving.py``)."""
+    from domino_jax.decode.serving import serve
+    from domino_jax.decode.speculative import generate
+
+    if args.serve:
+        return serve(models.target, models.tp, prompts, config, drafter, dp, slots=batch,
+                     cost_model=cost_model)
+    return generate(models.target, models.tp, prompts, config, drafter, dp,
+                    cost_model=cost_model)
+
+
+def sample(result) -> dict:
+    """A run's figures: tokens/s, tau, ms per loop round (serving: the queue's time less
+    its prefills, per round of the slots' loop), the adaptive histograms."""
+    if hasattr(result, "loop_rounds"):                    # serving.ServeResult
+        loop_ms = 1e3 * (result.seconds - result.prefill_seconds)
+        rounds, extra = result.loop_rounds, dict(loop_calls=result.loop_calls,
+                                                 refills=result.refills,
+                                                 prefill_s=result.prefill_seconds)
+    else:
+        loop_ms = 1e3 * result.decode_seconds
+        rounds, extra = sum(result.verify_widths.values()), {}
+    return dict(tokens_per_s=result.tokens_per_second, tau=result.tau,
+                ms_per_round=loop_ms / max(rounds, 1), width_hist=result.verify_widths,
+                arms=result.arm_rounds, cost_source=result.cost_source, **extra)
+
+
 def markdown(meta: dict, rows: list[dict]) -> str:
     lines = [f"# Batch sweep {meta['date']} ({meta['device']}, mode {meta['mode']}"
              + (f", shape {meta['shape']}" if meta["mode"] == "forced" else ", SmolLM2 pair")
              + f", {meta['new_tokens']} new tokens, commit {meta['git_commit']})", "",
              f"Medians of {meta['reps']} interleaved runs per task. load average at the start "
              f"{meta['load_start']}. Adaptive widths: verify width:rounds.", "",
+             (f"Continuous batching: {meta['serve']} requests per slot, batch = slots; tok/s "
+              "over the queue's wall time, prefills included." if meta.get("serve")
+              else "Static batches: one batch of B requests, the loop until its last row."), "",
              "| batch | method | tau (forced) | tok/s | ms / round | c | tau | speedup over AR "
              "| verify widths |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -261,7 +303,7 @@ def main(argv=None):
 
     from bench_util import git_commit, versions
     from domino_jax.decode.cost_model import CostModel
-    from domino_jax.decode.speculative import generate, precompile
+    from domino_jax.decode.speculative import precompile
 
     stamp = _dt.datetime.now().strftime("%Y-%m-%d_%H%M%S")
     os.makedirs(args.out, exist_ok=True)
@@ -273,6 +315,7 @@ def main(argv=None):
     meta = dict(date=stamp, git_commit=git_commit(args.git_commit), versions=versions(),
                 device=f"{dev.platform}:{dev.device_kind}", mode=args.mode, shape=args.shape,
                 argv=sys.argv[1:], new_tokens=args.new_tokens, reps=args.reps,
+                serve=args.serve,
                 spread=args.spread, budget=args.budget, cost_table=cost_model.path,
                 load_start=[round(x, 1) for x in os.getloadavg()], skipped=[],
                 calibration={})
@@ -290,30 +333,24 @@ def main(argv=None):
         if time.perf_counter() - T0 > args.time_budget_s:
             meta["skipped"].append(f"batch {batch}")
             continue
-        prompts = models.prompts(batch)
+        prompts = models.prompts(batch * max(args.serve, 1))
         natural = [("ngram", None)] if "ngram" in args.methods else []   # no forced tau
         tasks = [("ar", None)] + natural + [(m, t) for t in args.taus for m in args.methods
                                             if m not in ("ar", "ngram")]
         specs = {task: task_config(models, *task) for task in tasks}
         for task, (config, drafter, dp) in specs.items():
-            seconds = precompile(models.target, models.tp, prompts, config, drafter, dp)
+            seconds = precompile(models.target, models.tp, prompts[:batch], config, drafter, dp)
             log(f"batch {batch}: compiled {task} in {seconds:.1f} s")
         for task, (config, drafter, dp) in specs.items():      # untimed: warm, calibrated
-            result = generate(models.target, models.tp, prompts, config, drafter, dp,
-                              cost_model=cost_model)
+            result = run_task(models, args, batch, prompts, config, drafter, dp, cost_model)
             if result.calibration_seconds:
                 meta["calibration"][f"B={batch} {task[0]}"] = result.calibration_seconds
         samples = {task: [] for task in tasks}
         for rep in range(args.reps):
             for task, (config, drafter, dp) in specs.items():
-                result = generate(models.target, models.tp, prompts, config, drafter, dp,
-                                  cost_model=cost_model)
-                loop_rounds = sum(result.verify_widths.values())
-                samples[task].append(dict(
-                    tokens_per_s=result.tokens_per_second, tau=result.tau,
-                    ms_per_round=1e3 * result.decode_seconds / max(loop_rounds, 1),
-                    width_hist=result.verify_widths, arms=result.arm_rounds,
-                    cost_source=result.cost_source))
+                result = run_task(models, args, batch, prompts, config, drafter, dp,
+                                  cost_model)
+                samples[task].append(sample(result))
                 log(f"batch {batch} rep {rep} {task}: {result.tokens_per_second:.1f} tok/s, "
                     f"tau {result.tau:.2f}, widths {result.verify_widths}")
         ar = statistics.median(s["tokens_per_s"] for s in samples[("ar", None)])

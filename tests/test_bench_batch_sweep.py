@@ -46,3 +46,20 @@ def test_tiny_sweep_with_the_lookup_line(tmp_path):
     assert rows[2]["forced_tau"] == 3.0
     assert sum(rows[2]["arms"].values()) > 0
     assert "| ngram |" in open(path[:-5] + ".md").read()
+
+
+@pytest.mark.slow
+def test_tiny_continuous_batching_sweep(tmp_path):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "benchmarks", "bench_batch_sweep.py"),
+         "--mode", "forced", "--shape", "tiny", "--batches", "2", "--taus", "3",
+         "--methods", "ar,domino-auto", "--new-tokens", "8", "--prompt-len", "16",
+         "--serve", "3", "--reps", "1", "--cost-rounds", "1", "--cost-reps", "1", "--out",
+         str(tmp_path)], env=env, capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (path,) = glob.glob(str(tmp_path / "batch_sweep_2*.json"))
+    rows = json.load(open(path))["rows"]
+    assert [r["method"] for r in rows] == ["ar", "domino-auto"]
+    assert all(r["tokens_per_s"] > 0 and r["runs"][0]["refills"] >= 1 for r in rows)
+    assert "Continuous batching: 3 requests per slot" in open(path[:-5] + ".md").read()
