@@ -237,7 +237,8 @@ def sample(result) -> dict:
         loop_ms = 1e3 * (result.seconds - result.prefill_seconds)
         rounds, extra = result.loop_rounds, dict(loop_calls=result.loop_calls,
                                                  refills=result.refills,
-                                                 prefill_s=result.prefill_seconds)
+                                                 prefill_s=result.prefill_seconds,
+                                                 timings=result.timings, calls=result.calls)
     else:
         loop_ms = 1e3 * result.decode_seconds
         rounds, extra = sum(result.verify_widths.values()), {}

@@ -63,6 +63,10 @@ class ServeResult:
     verify_widths: dict = dataclasses.field(default_factory=dict)
     arm_rounds: dict = dataclasses.field(default_factory=dict)
     arm_costs: list = dataclasses.field(default_factory=list)
+    # where the queue's time went: seconds in the round loops, the refills' prefills and
+    # their row insertion; calls: (rounds, seconds) of each round-loop call
+    timings: dict = dataclasses.field(default_factory=dict)
+    calls: list = dataclasses.field(default_factory=list)
 
     @property
     def new_tokens(self) -> int:
@@ -91,6 +95,23 @@ def batch_axes(small, large) -> list:
             raise ValueError(f"leaf shapes {a.shape} and {b.shape} differ in more than one axis")
         axes.append(diff[0] if diff else None)
     return axes
+
+
+def state_batch_axes(target, drafter, config, target_params, draft_params, width: int,
+                     capacity: int) -> tuple:
+    """:func:`batch_axes` of the loop's state (``drafter``: the programs' drafter, adaptive:
+    its base drafter) for prompts padded to ``width`` and ``capacity`` cache slots, from
+    the prefill's abstract states at batch 1 and 2 (nothing runs)."""
+    prefill_of = (speculative.prefill if config.adaptive is None else adaptive_lib.prefill)
+
+    def shape(batch):
+        return jax.eval_shape(
+            lambda tp, dp, p, pl: prefill_of(target, drafter, config, tp, dp, p, pl,
+                                             jax.random.PRNGKey(0), capacity),
+            target_params, draft_params, jax.ShapeDtypeStruct((batch, width), jnp.int32),
+            jax.ShapeDtypeStruct((batch,), jnp.int32))
+
+    return tuple(batch_axes(shape(1), shape(2)))
 
 
 def insert_rows(full, part, rows: jax.Array, axes: Sequence[int | None]):
@@ -147,30 +168,21 @@ def serve(target, target_params, requests: Sequence[Sequence[int]], config: Deco
                                      config.max_new_tokens)
     prep = speculative._prepare(target, target_params, requests[:slots], config, drafter,
                                 draft_params, seed, width=width)
-    prefill_of = (speculative.prefill if config.adaptive is None
-                  else adaptive_lib.prefill)
-
-    def state_shape(batch):
-        prompt = jax.ShapeDtypeStruct((batch, width), jnp.int32)
-        return jax.eval_shape(lambda tp, dp, p, pl, k: prefill_of(
-            target, prep.drafter, config, tp, dp, p, pl, k, prep.capacity),
-            target_params, draft_params, prompt, jax.ShapeDtypeStruct((batch,), jnp.int32),
-            prep.key)
-
-    axes = tuple(batch_axes(state_shape(slots), state_shape(slots + 1)))
+    axes = state_batch_axes(target, prep.drafter, config, target_params, draft_params, width,
+                            prep.capacity)
 
     refill_compile = 0.0                 # refill prefills compiled inside the clock
+    prefill_fns = {slots: prep.prefill_fn}
 
     def prefill_fn(batch):               # compiled on first use, its seconds kept apart
         nonlocal refill_compile
-        if batch == slots:
-            return prep.prefill_fn
-        prompt = jnp.zeros((batch, width), jnp.int32)
-        fn, seconds = speculative.compiled_prefill(
-            target, prep.drafter, config, target_params, draft_params, prompt,
-            jnp.ones((batch,), jnp.int32), prep.key, prep.capacity)
-        refill_compile += seconds
-        return fn
+        if batch not in prefill_fns:
+            prompt = jnp.zeros((batch, width), jnp.int32)
+            prefill_fns[batch], seconds = speculative.compiled_prefill(
+                target, prep.drafter, config, target_params, draft_params, prompt,
+                jnp.ones((batch,), jnp.int32), prep.key, prep.capacity)
+            refill_compile += seconds
+        return prefill_fns[batch]
 
     t0 = time.perf_counter()
     state = prep.prefill_fn(target_params, draft_params, prep.prompt, prep.prompt_len, prep.key)
@@ -187,7 +199,8 @@ def serve(target, target_params, requests: Sequence[Sequence[int]], config: Deco
     owner: list = list(range(slots))     # request in each slot (None: idle)
     queue = slots                        # next request to start
     loop_rounds = loop_calls = refills = 0
-    refill_seconds = 0.0
+    refill_seconds = insert_seconds = loop_seconds = 0.0
+    calls = []
     limit = jnp.int32(config.max_new_tokens + 1)
     t1 = time.perf_counter()
     while True:
@@ -209,12 +222,15 @@ def serve(target, target_params, requests: Sequence[Sequence[int]], config: Deco
             fn = prefill_fn(size)
             part = fn(target_params, draft_params, prompt, prompt_len,
                       jax.random.fold_in(prep.key, queue))
+            jax.block_until_ready(part)
+            t3 = time.perf_counter()
             rows = jnp.asarray(finished[:len(new)] + [slots] * (size - len(new)), jnp.int32)
             state = _insert_jit(state, part, rows, axes)
             if policy is not None:
                 policy = _reset_jit(policy, rows)
-            jax.block_until_ready(state)
+            jax.block_until_ready((state, policy))
             refill_seconds += time.perf_counter() - t2
+            insert_seconds += time.perf_counter() - t3
             for s, r in zip(finished, new):
                 owner[s] = r
             queue += len(new)
@@ -223,19 +239,27 @@ def serve(target, target_params, requests: Sequence[Sequence[int]], config: Deco
         if all(o is None for o in owner):
             break
         done_limit = min(int(done.sum()) + 1, slots)
+        t4 = time.perf_counter()
         if policy is None:
             state = prep.rounds_fn(target_params, draft_params, state, limit,
                                    done_limit=done_limit)
         else:
             state, policy = prep.rounds_fn(target_params, draft_params, state, policy, limit,
                                            done_limit=done_limit)
-        loop_calls += 1                  # a live row counts every round of the call
-        loop_rounds += int((np.asarray(state.rounds) - live_rounds)[~done].max(initial=0))
+        ran = int((np.asarray(state.rounds) - live_rounds)[~done].max(initial=0))
+        calls.append((ran, time.perf_counter() - t4))   # a live row counts every round
+        loop_seconds += calls[-1][1]
+        loop_calls += 1
+        loop_rounds += ran
     seconds = time.perf_counter() - t1 - refill_compile + first_prefill
     prefill_seconds = first_prefill + refill_seconds - refill_compile
-    return _result(prep, results, rounds, hist, slots, seconds, prefill_seconds, loop_rounds,
-                   loop_calls, refills, prep.compile_seconds + refill_compile,
-                   calibration_seconds, cost_source, policy)
+    result = _result(prep, results, rounds, hist, slots, seconds, prefill_seconds, loop_rounds,
+                     loop_calls, refills, prep.compile_seconds + refill_compile,
+                     calibration_seconds, cost_source, policy)
+    result.timings = dict(loop=loop_seconds, refill_prefill=prefill_seconds - insert_seconds,
+                          insert=insert_seconds)
+    result.calls = calls
+    return result
 
 
 def _result(prep, results, rounds, hist, slots, seconds, prefill_seconds, loop_rounds,
