@@ -42,9 +42,10 @@ def _cut(tokens, stops):
     return tokens
 
 
-@pytest.mark.parametrize("method,auto", [("ar", False), ("domino", False), ("domino", True),
-                                         ("dominotree", False)])
-def test_every_request_gets_its_greedy_ar_tokens(method, auto):
+@pytest.mark.parametrize("method,auto,refill_rows", [
+    ("ar", False, 1), ("domino", False, 1), ("domino", True, 1), ("domino", True, 2),
+    ("dominotree", False, 1)])
+def test_every_request_gets_its_greedy_ar_tokens(method, auto, refill_rows):
     cfg, target, params, dparams = _pair()
     ref = reference_greedy(target, params, REQUESTS, MAX_NEW)
     stops = (ref[1][3], ref[4][6])          # some rows stop early, at different rounds
@@ -56,9 +57,10 @@ def test_every_request_gets_its_greedy_ar_tokens(method, auto):
                           adaptive=AD if auto else None)
     result = serving.serve(target, params, REQUESTS, config, drafter,
                            None if method == "ar" else dparams, slots=3,
-                           cost_model=MIXED if auto else None)
+                           cost_model=MIXED if auto else None, refill_rows=refill_rows)
     assert result.tokens == expected
-    assert result.refills >= 3 and result.loop_calls >= 3
+    assert result.refills >= (3 if refill_rows == 1 else 2) and result.loop_calls >= 2
+    assert 0 < result.tokens_per_second < result.decode_tokens_per_second
     assert result.accept_hist.sum() == result.rounds.sum()
     per_request = (result.accept_hist * np.arange(result.accept_hist.shape[1])).sum(1)
     assert all(n >= len(t) - 1 for n, t in zip(per_request, expected))   # blocks overrun
@@ -109,6 +111,9 @@ def test_serve_errors():
         serving.serve(target, params, [], config)
     with pytest.raises(ValueError, match="slots must be >= 1, got 0"):
         serving.serve(target, params, RAGGED, config, slots=0)
+    with pytest.raises(ValueError, match="refill_rows must be >= 1, got 0"):
+        serving.serve(target, params, RAGGED, config, slots=2, refill_rows=0)
+    assert serving.default_refill_rows(1) == 1 and serving.default_refill_rows(32) == 4
     with pytest.raises(ValueError, match="request 1 is empty"):
         serving.serve(target, params, [[1], []], config, slots=1)
     with pytest.raises(ValueError, match="needs a drafter"):

@@ -13,8 +13,9 @@ around the same compiled programs:
 
 1. the first ``slots`` requests are prefilled as one batch (every prompt padded to one
    width, the bucket of the longest request, so one program serves the whole queue);
-2. the round loop (:class:`~domino_jax.decode.speculative.RoundsProgram`) runs until one
-   more row is done (``done_limit``): one host sync per finished request, not per round;
+2. the round loop (:class:`~domino_jax.decode.speculative.RoundsProgram`) runs until
+   ``refill_rows`` more rows are done (``done_limit``; default a slot in 8,
+   :func:`default_refill_rows`): one host sync per refill, not per round;
 3. each done slot's output is taken, and the next requests are prefilled together (a
    batch of the next power of two, the extra rows dropped: one program per size) and
    written into the done slots (:func:`insert_rows`; the adaptive policy's per-row
@@ -83,6 +84,15 @@ class ServeResult:
         """Output throughput: every generated token over the queue's wall time."""
         return self.new_tokens / max(self.seconds, 1e-9)
 
+    @property
+    def decode_tokens_per_second(self) -> float:
+        """The round loops' throughput: tokens after each request's first (which its
+        prefill makes) over the time outside the prefills (what
+        :attr:`~domino_jax.decode.speculative.GenerateResult.tokens_per_second` is for a
+        static batch)."""
+        return (max(self.new_tokens - len(self.tokens), 0)
+                / max(self.seconds - self.prefill_seconds, 1e-9))
+
 
 def batch_axes(small, large) -> list:
     """Per leaf of two pytrees of one structure whose batch sizes differ, the axis where
@@ -140,6 +150,18 @@ _insert_jit = jax.jit(insert_rows, static_argnums=(3,), donate_argnums=(0,))
 _reset_jit = jax.jit(reset_policy_rows)   # small; init_policy shares one zeros buffer
 
 
+REFILL_FRACTION = 8
+
+
+def default_refill_rows(slots: int) -> int:
+    """Rows to wait for before a refill: ``slots / 8`` (at least 1). Each return to the host
+    costs about 4 ms on the H200 at the Qwen3-8B shape, batch 32, against a 10.5 ms round,
+    and a batch-1 prefill 8.3 ms (``benchmarks/serve_overhead.py``, NOTES entry 25): waiting
+    for 4 rows there leaves ~1.5 rows idle for ~0.7 rounds each per refill (~1% of the
+    slots' time) and saves 3 calls and 3 weight reads."""
+    return max(1, slots // REFILL_FRACTION)
+
+
 def refill_size(count: int, slots: int) -> int:
     """The prefill batch for ``count`` new requests: the next power of two, at most
     ``slots`` (one compiled prefill per size)."""
@@ -148,10 +170,12 @@ def refill_size(count: int, slots: int) -> int:
 
 def serve(target, target_params, requests: Sequence[Sequence[int]], config: DecodeConfig,
           drafter=None, draft_params=None, slots: int | None = None, seed: int = 0,
-          cost_model: CostModel | None = None) -> ServeResult:
+          cost_model: CostModel | None = None, refill_rows: int | None = None) -> ServeResult:
     """Decode every request of the queue ``requests`` (token-id prompts) through ``slots``
-    rows (default: all at once, a static batch), refilling a slot when its request is done
-    (see the module doc). Validates like :func:`~domino_jax.decode.speculative.generate`
+    rows (default: all at once, a static batch), refilling slots when their requests are
+    done (see the module doc): the loop returns once ``refill_rows`` more rows are done
+    (default :func:`default_refill_rows`; 1 refills each slot at once), and those are
+    prefilled together. Validates like :func:`~domino_jax.decode.speculative.generate`
     (same ``ValueError`` messages) before any compute."""
     if not requests:
         raise ValueError("serve needs at least one request")
@@ -159,6 +183,9 @@ def serve(target, target_params, requests: Sequence[Sequence[int]], config: Deco
     if slots < 1:
         raise ValueError(f"slots must be >= 1, got {slots}")
     slots = min(slots, len(requests))
+    refill_rows = default_refill_rows(slots) if refill_rows is None else int(refill_rows)
+    if not 1 <= refill_rows:
+        raise ValueError(f"refill_rows must be >= 1, got {refill_rows}")
     for i, request in enumerate(requests):          # the whole queue, before any compute
         if len(request) == 0:
             raise ValueError(f"request {i} is empty: give at least one token (e.g. BOS or a "
@@ -238,7 +265,9 @@ def serve(target, target_params, requests: Sequence[Sequence[int]], config: Deco
             continue                     # a new row may be done at once (a stop first)
         if all(o is None for o in owner):
             break
-        done_limit = min(int(done.sum()) + 1, slots)
+        # with the queue empty, the loop runs until every row is done
+        wait = refill_rows if queue < len(requests) else slots
+        done_limit = min(int(done.sum()) + wait, slots)
         t4 = time.perf_counter()
         if policy is None:
             state = prep.rounds_fn(target_params, draft_params, state, limit,
