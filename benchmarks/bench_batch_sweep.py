@@ -349,10 +349,13 @@ def main(argv=None):
                                             if m not in ("ar", "ngram")]
         specs = {task: task_config(models, *task) for task in tasks}
         for task, (config, drafter, dp) in specs.items():
+            if args.serve:               # serve's own programs: compiled by the warm-up run
+                break
             seconds = precompile(models.target, models.tp, prompts[:batch], config, drafter, dp)
             log(f"batch {batch}: compiled {task} in {seconds:.1f} s")
         for task, (config, drafter, dp) in specs.items():      # untimed: warm, calibrated
             result = run_task(models, args, batch, prompts, config, drafter, dp, cost_model)
+            log(f"batch {batch}: warm-up {task}, compiled in {result.compile_seconds:.1f} s")
             if result.calibration_seconds:
                 meta["calibration"][f"B={batch} {task[0]}"] = result.calibration_seconds
         samples = {task: [] for task in tasks}

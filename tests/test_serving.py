@@ -136,3 +136,17 @@ def test_served_joint_distribution_chi_square(models):
                            slots=500, seed=7, cost_model=CostModel(costs=[1.0, 1.3, 1.6]))
     assert result.refills >= 2 and len(result.verify_widths) >= 2, result.verify_widths
     assert_first_three_follow_target(target, params, PROMPT, V, result.tokens, sampling)
+
+
+def test_command_buffers_off_only_for_a_served_speculative_loop_on_a_gpu(monkeypatch):
+    from domino_jax.decode import speculative
+
+    cfg, target, _, _ = _pair()
+    domino = make_drafter(cfg, target, "domino")
+    ar = speculative._resolve_drafter(target, DecodeConfig(method="ar"), None)
+    assert speculative.rounds_compiler_options(domino, True) == {}          # the CPU
+    monkeypatch.setattr(speculative.jax, "default_backend", lambda: "gpu")
+    assert speculative.rounds_compiler_options(domino, True) == {
+        "xla_gpu_enable_command_buffer": ""}
+    assert speculative.rounds_compiler_options(domino, False) == {}
+    assert speculative.rounds_compiler_options(ar, True) == {}

@@ -194,7 +194,7 @@ def serve(target, target_params, requests: Sequence[Sequence[int]], config: Deco
     speculative.check_context_length(target.config, [len(r) for r in requests],
                                      config.max_new_tokens)
     prep = speculative._prepare(target, target_params, requests[:slots], config, drafter,
-                                draft_params, seed, width=width)
+                                draft_params, seed, width=width, many_calls=True)
     axes = state_batch_axes(target, prep.drafter, config, target_params, draft_params, width,
                             prep.capacity)
 

@@ -164,10 +164,11 @@ def _resolve_drafter(target: TargetLM, config: DecodeConfig, drafter) -> Drafter
 
 def _prepare(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
              config: DecodeConfig, drafter, draft_params, seed: int,
-             width: int | None = None) -> _Prepared:
+             width: int | None = None, many_calls: bool = False) -> _Prepared:
     """Validate, pad (to ``width`` when given), size the cache and fetch (or compile) the
     programs: everything :func:`generate` does before running anything (shared with
-    :func:`precompile` and :func:`~domino_jax.decode.serving.serve`)."""
+    :func:`precompile` and :func:`~domino_jax.decode.serving.serve`, which calls the round
+    loop many times: ``many_calls``, see :func:`rounds_compiler_options`)."""
     drafter = _resolve_drafter(target, config, drafter)
     widths = None
     if config.adaptive is not None:       # the loop's state is sized by the widest arm
@@ -187,7 +188,8 @@ def _prepare(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
                          f"{needed} cache slots, but the capacity is {capacity}")
     key = jax.random.PRNGKey(seed)
     prefill_fn, rounds_fn, compile_seconds = _compiled(
-        target, drafter, config, target_params, draft_params, prompt, prompt_len, key, capacity)
+        target, drafter, config, target_params, draft_params, prompt, prompt_len, key, capacity,
+        many_calls)
     return _Prepared(prompt, prompt_len, key, num_drafts, prefill_fn, rounds_fn,
                      compile_seconds, drafter, capacity, widths)
 
@@ -376,8 +378,21 @@ def compiled_prefill(target, drafter, config, target_params, draft_params, promp
                                                 draft_params, prompt.shape, capacity), build)
 
 
+def rounds_compiler_options(drafter, many_calls: bool) -> dict:
+    """XLA options of a round loop's compile. A speculative loop called many times
+    (continuous batching returns to the host at every refill) on a GPU is compiled without
+    command buffers (CUDA graphs): on the H200 at the Qwen3-8B shape, batch 32, each call
+    of the adaptive loop cost ~20 ms more than its rounds with them (re-recorded per call,
+    it seems), ~5 ms without, for rounds 7% slower (10.0 -> 10.7 ms); AR's loop pays 0.1
+    ms a call either way and keeps them (``bench_batch_sweep.py --serve 8``, NOTES entry
+    25). Static batches (one call per generation) keep XLA's defaults."""
+    if many_calls and drafter.num_drafts > 0 and jax.default_backend() == "gpu":
+        return {"xla_gpu_enable_command_buffer": ""}
+    return {}
+
+
 def _compiled(target, drafter, config, target_params, draft_params, prompt, prompt_len, key,
-              capacity):
+              capacity, many_calls: bool = False):
     """AOT-compiled prefill and round loop (a :class:`RoundsProgram`), cached per (models,
     config, shapes), traced under :func:`matmul_precision`.
 
@@ -393,6 +408,7 @@ def _compiled(target, drafter, config, target_params, draft_params, prompt, prom
         adaptive = config.adaptive
         prefill_of = prefill if adaptive is None else adaptive_lib.prefill
         limit = jnp.int32(0)
+        options = rounds_compiler_options(drafter, many_calls)
         with precision_scope(target):
             state_spec = jax.eval_shape(
                 lambda tp, dp, p, pl, k: prefill_of(target, drafter, config, tp, dp, p, pl, k,
@@ -400,17 +416,18 @@ def _compiled(target, drafter, config, target_params, draft_params, prompt, prom
                 target_params, draft_params, prompt, prompt_len, key)
             if adaptive is None:
                 compiled = _rounds_jit.lower(target, drafter, config, target_params,
-                                             draft_params, state_spec, limit, limit).compile()
+                                             draft_params, state_spec, limit,
+                                             limit).compile(compiler_options=options)
             else:
                 widths = adaptive_lib.resolve_widths(adaptive, drafter)
                 policy_spec = jax.eval_shape(lambda: adaptive_lib.init_policy(
                     adaptive, drafter, widths, prompt.shape[0], [1.0] * len(widths)))
                 compiled = _adaptive_rounds_jit.lower(
                     target, drafter, config, target_params, draft_params, state_spec,
-                    policy_spec, limit, limit).compile()
+                    policy_spec, limit, limit).compile(compiler_options=options)
         return RoundsProgram(compiled, prompt.shape[0])
 
-    rounds_fn, seconds = _cached(("rounds",) + _program_key(
+    rounds_fn, seconds = _cached(("rounds", many_calls) + _program_key(
         target, drafter, config, target_params, draft_params, prompt.shape, capacity), build)
     return prefill_fn, rounds_fn, ((time.perf_counter() - t0) if prefill_seconds or seconds
                                    else 0.0)
