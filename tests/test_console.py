@@ -100,6 +100,26 @@ def test_cli_stderr_is_quiet_and_ends_with_the_summary(tiny_pair, tmp_path):
     assert domino["new_tokens"] == len(record["outputs"][0]["tokens"])
 
 
+@pytest.mark.slow
+def test_cli_slots_serve_a_queue(tiny_pair):
+    """``--slots 2`` with three prompts: continuous batching, each output AR's."""
+    target, draft = tiny_pair
+    prompts = ["w1 w2 w3 w4 w5 w6", "w7 w8 w9", "w10 w11 w12 w13"]
+    args = ["--target", target, "--draft", draft, "--method", "domino", "--no-chat",
+            "--max-new-tokens", "10", "--slots", "2", "--compare-ar", "--json"]
+    for text in prompts:
+        args += ["--prompt", text]
+    run = _run_cli(args)
+    assert run.returncode == 0, run.stderr
+    record = json.loads(run.stdout)
+    assert [o["prompt"] for o in record["outputs"]] == prompts
+    domino, ar = record["methods"]
+    assert domino["identical_to_ar"] is True and domino["speedup_over_ar"] > 0
+    assert "serving domino (3 prompts through 2 slots" in run.stderr
+    bad = _run_cli(args[:-4] + ["--slots", "0"])
+    assert bad.returncode == 2 and "--slots must be >= 1, got 0" in bad.stderr
+
+
 def _emit(name: str, message: str) -> str:
     """What a record on logger ``name`` writes to a stderr handler on the root."""
     buf = io.StringIO()

@@ -135,6 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", action="append",
                    help="a prompt (repeat for a batch); default: a built-in question")
     p.add_argument("--prompt-file", help="a text file, one prompt per non-empty line (a batch)")
+    p.add_argument("--slots", type=_positive("--slots"), default=None, metavar="N",
+                   help="continuous batching: the prompts as a queue through N rows, a row "
+                        "refilled when its prompt is done (decode/serving.py; no streaming); "
+                        "default: all prompts in one static batch")
     p.add_argument("--chat", dest="chat", action="store_true", default=True,
                    help="apply the tokenizer's chat template (default; Qwen3 thinking mode off, "
                         "as the drafters are trained)")
@@ -165,6 +169,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "of the text and the summary table")
     add_verbose_flag(p)
     return p
+
+
+def _positive(flag: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} takes a positive integer, got "
+                                             f"{text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{flag} must be >= 1, got {value}")
+        return value
+    return parse
 
 
 def _auto_or_int(flag: str):
@@ -300,6 +317,7 @@ def _run(args) -> int:
         decode_and_report(target, target_params, drafter, draft_params, prompts, texts,
                           tokenizer, config, seed=args.seed, compare_ar=args.compare_ar,
                           stream_rounds=args.stream_rounds, as_json=args.json,
+                          slots=args.slots,
                           cost_model=CostModel(path=args.cost_table,
                                                recalibrate=args.recalibrate))
     return 0

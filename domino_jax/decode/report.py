@@ -136,7 +136,7 @@ def decode_and_report(target, target_params, drafter, draft_params, prompts: Seq
                       texts: Sequence[str], tokenizer, config, seed: int = 0,
                       compare_ar: bool = False, stream_rounds: int = 8,
                       as_json: bool = False, out=None, err=None, cost_model=None,
-                      timing_reps: int = 2) -> dict[str, Any]:
+                      timing_reps: int = 2, slots: int | None = None) -> dict[str, Any]:
     """Compile, generate (streaming / progress bar), optionally compile and time AR, print
     and return the
     record ``{"outputs": [{"prompt", "text", "tokens"}], "methods": [method_stats...],
@@ -148,23 +148,40 @@ def decode_and_report(target, target_params, drafter, draft_params, prompts: Seq
     machine only ever slows a run down). ``stream_rounds`` = rounds per progress chunk (0 =
     none). ``cost_model``: where an adaptive run's round costs come from
     (:class:`~domino_jax.decode.cost_model.CostModel`; default: the cached table).
+    ``slots``: serve the prompts as a queue through that many rows, refilling finished ones
+    (:func:`~domino_jax.decode.serving.serve`: continuous batching; no streaming; tokens/s
+    over the queue's wall time, prefills included, AR's too); ``None``: one static batch.
     """
+    from domino_jax.decode.serving import serve
     from domino_jax.decode.speculative import generate
+
+    def run(config, drafter, draft_params, announce=False, **kw):
+        if slots is None:
+            return generate(target, target_params, prompts, config, drafter, draft_params,
+                            seed=seed, **kw)
+        kw.pop("chunk_rounds", None), kw.pop("on_chunk", None)
+        served = lambda: serve(target, target_params, prompts, config, drafter, draft_params,
+                               slots=slots, seed=seed, **kw)
+        if not announce:
+            return served()
+        with step(f"serving {config.method}", f"({len(prompts)} prompts through {slots} "
+                  "slots, compiling on first use)", stream=err):
+            return served()
 
     out, err = out or sys.stdout, err or sys.stderr
     method = config.method
     ar_config = dataclasses.replace(config, method="ar", adaptive=None)
     compare = compare_ar and method != "ar"
-    compile_methods(target, target_params, prompts, [(method, config, drafter, draft_params)],
-                    seed, err)
+    if slots is None:                 # serve compiles its own programs on its first run
+        compile_methods(target, target_params, prompts,
+                        [(method, config, drafter, draft_params)], seed, err)
 
     progress = None
-    if stream_rounds > 0:
+    if stream_rounds > 0 and slots is None:
         progress = (Streamer(tokenizer, out) if len(prompts) == 1 and not as_json else
                     TokenBar(len(prompts), config.max_new_tokens, method))
-    result = generate(target, target_params, prompts, config, drafter, draft_params,
-                      seed=seed, chunk_rounds=stream_rounds or None, on_chunk=progress,
-                      cost_model=cost_model)
+    result = run(config, drafter, draft_params, announce=True,
+                 chunk_rounds=stream_rounds or None, on_chunk=progress, cost_model=cost_model)
     if progress is not None:
         progress.finish(result.tokens)
     outputs = [dict(prompt=text, text=tokenizer.decode(toks, skip_special_tokens=True),
@@ -174,14 +191,16 @@ def decode_and_report(target, target_params, drafter, draft_params, prompts: Seq
             print(f"### {o['prompt']}\n{o['text']}\n", file=out)
     rows = [method_stats(method, result)]
     if compare:                       # AR compiles after the text is out: it shows sooner
-        compile_methods(target, target_params, prompts, [("ar", ar_config, None, None)], seed,
-                        err)
+        if slots is None:
+            compile_methods(target, target_params, prompts, [("ar", ar_config, None, None)],
+                            seed, err)
+        else:
+            run(ar_config, None, None, announce=True)     # compiles serve's AR programs
         with step("timing", method, "against ar (warm, unstreamed)", stream=err):
             ars, runs = [], []
             for _ in range(max(timing_reps, 1)):
-                ars.append(generate(target, target_params, prompts, ar_config, seed=seed))
-                runs.append(generate(target, target_params, prompts, config, drafter,
-                                     draft_params, seed=seed, cost_model=cost_model))
+                ars.append(run(ar_config, None, None))
+                runs.append(run(config, drafter, draft_params, cost_model=cost_model))
             fastest = lambda rs: max(rs, key=lambda r: r.tokens_per_second)
             ar, result = fastest(ars), fastest(runs)
         rows = [method_stats(method, result, ar), method_stats("ar", ar)]

@@ -85,6 +85,11 @@ class ServeResult:
         return self.new_tokens / max(self.seconds, 1e-9)
 
     @property
+    def decode_seconds(self) -> float:
+        """The queue's time outside the prefills."""
+        return self.seconds - self.prefill_seconds
+
+    @property
     def decode_tokens_per_second(self) -> float:
         """The round loops' throughput: tokens after each request's first (which its
         prefill makes) over the time outside the prefills (what
@@ -154,10 +159,11 @@ REFILL_FRACTION = 8
 
 
 def default_refill_rows(slots: int) -> int:
-    """Rows to wait for before a refill: ``slots / 8`` (at least 1). Each return to the host
-    costs about 4 ms on the H200 at the Qwen3-8B shape, batch 32, against a 10.5 ms round,
-    and a batch-1 prefill 8.3 ms (``benchmarks/serve_overhead.py``, NOTES entry 25): waiting
-    for 4 rows there leaves ~1.5 rows idle for ~0.7 rounds each per refill (~1% of the
+    """Rows to wait for before a refill: ``slots / 8`` (at least 1). On the H200 at the
+    Qwen3-8B shape, batch 32, each return to the host costs a speculative loop 4-6 ms (the
+    adaptive one without command buffers: ``rounds_compiler_options``) against a 10-11 ms
+    round, and a batch-1 prefill 8.3 ms (``benchmarks/serve_overhead.py``, NOTES entry 25):
+    waiting for 4 rows there leaves a few rows idle for about a round per refill (~1% of the
     slots' time) and saves 3 calls and 3 weight reads."""
     return max(1, slots // REFILL_FRACTION)
 
@@ -184,7 +190,7 @@ def serve(target, target_params, requests: Sequence[Sequence[int]], config: Deco
         raise ValueError(f"slots must be >= 1, got {slots}")
     slots = min(slots, len(requests))
     refill_rows = default_refill_rows(slots) if refill_rows is None else int(refill_rows)
-    if not 1 <= refill_rows:
+    if refill_rows < 1:
         raise ValueError(f"refill_rows must be >= 1, got {refill_rows}")
     for i, request in enumerate(requests):          # the whole queue, before any compute
         if len(request) == 0:

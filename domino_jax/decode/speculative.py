@@ -427,7 +427,8 @@ def _compiled(target, drafter, config, target_params, draft_params, prompt, prom
                     policy_spec, limit, limit).compile(compiler_options=options)
         return RoundsProgram(compiled, prompt.shape[0])
 
-    rounds_fn, seconds = _cached(("rounds", many_calls) + _program_key(
+    options_key = tuple(sorted(rounds_compiler_options(drafter, many_calls).items()))
+    rounds_fn, seconds = _cached(("rounds", options_key) + _program_key(
         target, drafter, config, target_params, draft_params, prompt.shape, capacity), build)
     return prefill_fn, rounds_fn, ((time.perf_counter() - t0) if prefill_seconds or seconds
                                    else 0.0)
