@@ -28,18 +28,23 @@ def test_method_names():
             split_method(bad)
 
 
-@pytest.mark.slow
-def test_tiny_sweep_with_the_lookup_line(tmp_path):
+def _tiny_sweep(tmp_path, methods: str, *extra: str):
+    """Run the sweep at the tiny forced shape (batch 2, tau 3); its JSON path and rows."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
     proc = subprocess.run(
         [sys.executable, os.path.join(REPO, "benchmarks", "bench_batch_sweep.py"),
          "--mode", "forced", "--shape", "tiny", "--batches", "2", "--taus", "3",
-         "--methods", "ar,ngram,domino-auto+lookup", "--new-tokens", "8", "--prompt-len",
-         "16", "--reps", "1", "--cost-rounds", "1", "--cost-reps", "1", "--out",
-         str(tmp_path)], env=env, capture_output=True, text=True, timeout=900, cwd=REPO)
+         "--methods", methods, "--new-tokens", "8", "--prompt-len", "16", "--reps", "1",
+         "--cost-rounds", "1", "--cost-reps", "1", "--out", str(tmp_path), *extra],
+        env=env, capture_output=True, text=True, timeout=900, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (path,) = glob.glob(str(tmp_path / "batch_sweep_2*.json"))
-    rows = json.load(open(path))["rows"]
+    return path, json.load(open(path))["rows"]
+
+
+@pytest.mark.slow
+def test_tiny_sweep_with_the_lookup_line(tmp_path):
+    path, rows = _tiny_sweep(tmp_path, "ar,ngram,domino-auto+lookup")
     assert [r["method"] for r in rows] == ["ar", "ngram", "domino-auto+lookup"]
     assert all(r["tokens_per_s"] > 0 for r in rows)
     assert rows[1]["forced_tau"] is None and list(rows[1]["width_hist"]) == ["5"]
@@ -50,16 +55,7 @@ def test_tiny_sweep_with_the_lookup_line(tmp_path):
 
 @pytest.mark.slow
 def test_tiny_continuous_batching_sweep(tmp_path):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
-    proc = subprocess.run(
-        [sys.executable, os.path.join(REPO, "benchmarks", "bench_batch_sweep.py"),
-         "--mode", "forced", "--shape", "tiny", "--batches", "2", "--taus", "3",
-         "--methods", "ar,domino-auto", "--new-tokens", "8", "--prompt-len", "16",
-         "--serve", "3", "--reps", "1", "--cost-rounds", "1", "--cost-reps", "1", "--out",
-         str(tmp_path)], env=env, capture_output=True, text=True, timeout=900, cwd=REPO)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (path,) = glob.glob(str(tmp_path / "batch_sweep_2*.json"))
-    rows = json.load(open(path))["rows"]
+    path, rows = _tiny_sweep(tmp_path, "ar,domino-auto", "--serve", "3")
     assert [r["method"] for r in rows] == ["ar", "domino-auto"]
     assert all(r["tokens_per_s"] > 0 and r["runs"][0]["refills"] >= 1 for r in rows)
     assert "Continuous batching: 3 requests per slot" in open(path[:-5] + ".md").read()

@@ -171,32 +171,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _positive(flag: str):
-    def parse(text: str) -> int:
+def _positive(flag: str, auto: bool = False):
+    """An argparse type: an integer >= 1 (``auto``: or the word ``auto``), errors naming
+    ``flag``."""
+    takes = "'auto' or a positive integer" if auto else "a positive integer"
+    least = "'auto' or >= 1" if auto else ">= 1"
+
+    def parse(text: str):
+        if auto and text == "auto":
+            return text
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} takes a positive integer, got "
-                                             f"{text!r}") from None
+            raise argparse.ArgumentTypeError(f"{flag} takes {takes}, got {text!r}") from None
         if value < 1:
-            raise argparse.ArgumentTypeError(f"{flag} must be >= 1, got {value}")
+            raise argparse.ArgumentTypeError(f"{flag} must be {least}, got {value}")
         return value
     return parse
 
 
 def _auto_or_int(flag: str):
-    def parse(text: str):
-        if text == "auto":
-            return text
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} takes 'auto' or a positive integer, "
-                                             f"got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{flag} must be 'auto' or >= 1, got {value}")
-        return value
-    return parse
+    return _positive(flag, auto=True)
 
 
 def _widths(args, drafter_cls):

@@ -47,7 +47,7 @@ from domino_jax.decode.cost_model import CostModel
 
 
 @dataclasses.dataclass
-class ServeResult:
+class ServeResult(speculative.CommitStats):
     tokens: list[list[int]]      # generated tokens per request, in request order
     rounds: np.ndarray           # [R] rounds each request was live
     accept_hist: np.ndarray      # [R, W + 1]; index n = rounds that committed n tokens
@@ -68,16 +68,6 @@ class ServeResult:
     # their row insertion; calls: (rounds, seconds) of each round-loop call
     timings: dict = dataclasses.field(default_factory=dict)
     calls: list = dataclasses.field(default_factory=list)
-
-    @property
-    def new_tokens(self) -> int:
-        return sum(len(t) for t in self.tokens)
-
-    @property
-    def tau(self) -> float:
-        """Mean tokens committed per round (accepted drafts + bonus), over all requests."""
-        hist = self.accept_hist.sum(0)
-        return float((hist * np.arange(len(hist))).sum() / max(hist.sum(), 1))
 
     @property
     def tokens_per_second(self) -> float:

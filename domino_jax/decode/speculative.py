@@ -43,8 +43,23 @@ __all__ = ["DecodeConfig", "GenerateResult", "METHODS", "generate", "precompile"
            "matmul_precision", "pad_prompts", "prompt_bucket", "required_capacity"]
 
 
+class CommitStats:
+    """``new_tokens`` and ``tau`` of a result with ``tokens`` (per row or request) and
+    ``accept_hist`` ``[rows, W + 1]``."""
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens committed per round (accepted drafts + bonus), over all rows."""
+        hist = self.accept_hist.sum(0)
+        return float((hist * np.arange(len(hist))).sum() / max(hist.sum(), 1))
+
+
 @dataclasses.dataclass
-class GenerateResult:
+class GenerateResult(CommitStats):
     tokens: list[list[int]]      # generated tokens per row (stop inclusive, <= max_new)
     rounds: np.ndarray           # [B]
     accept_hist: np.ndarray      # [B, W + 1]; index n = rounds that committed n tokens
@@ -57,16 +72,6 @@ class GenerateResult:
     cost_source: str = ""              # adaptive: where the per-arm costs came from
     arm_rounds: dict = dataclasses.field(default_factory=dict)  # adaptive: {arm name: rounds}
     arm_costs: list = dataclasses.field(default_factory=list)   # adaptive: ms per round per arm
-
-    @property
-    def new_tokens(self) -> int:
-        return sum(len(t) for t in self.tokens)
-
-    @property
-    def tau(self) -> float:
-        """Mean tokens committed per round (accepted drafts + bonus), over all rows."""
-        hist = self.accept_hist.sum(0)
-        return float((hist * np.arange(len(hist))).sum() / max(hist.sum(), 1))
 
     @property
     def tokens_per_second(self) -> float:
