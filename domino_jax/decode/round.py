@@ -206,8 +206,8 @@ def keep_running(state: DecodeState, rounds: jax.Array, max_rounds: jax.Array,
                  done_limit: jax.Array | None) -> jax.Array:
     """The round loops' condition: fewer than ``max_rounds`` rounds run and fewer than
     ``done_limit`` rows done (``None``: not every row done). A continuous-batching
-    scheduler (:mod:`domino_jax.decode.serving`) passes its done rows + 1, so the loop
-    returns as soon as a slot can be refilled."""
+    scheduler (:mod:`domino_jax.decode.serving`) passes its done rows + ``refill_rows``, so
+    the loop returns as soon as that many slots can be refilled."""
     if done_limit is None:
         running = ~jnp.all(state.done)
     else:
