@@ -232,7 +232,10 @@ def run_task(models, args, batch, prompts, config, drafter, dp, cost_model):
 
 def sample(result) -> dict:
     """A run's figures: tokens/s, tau, ms per loop round (serving: the queue's time less
-    its prefills, per round of the slots' loop), the adaptive histograms."""
+    its prefills, per round of the slots' loop, and the calls' per-round / per-call split),
+    the adaptive histograms."""
+    from domino_jax.decode.serving import call_split
+
     if hasattr(result, "loop_rounds"):                    # serving.ServeResult
         loop_ms = 1e3 * (result.seconds - result.prefill_seconds)
         rounds, extra = result.loop_rounds, dict(decode_tokens_per_s=
@@ -240,7 +243,9 @@ def sample(result) -> dict:
                                                  loop_calls=result.loop_calls,
                                                  refills=result.refills,
                                                  prefill_s=result.prefill_seconds,
-                                                 timings=result.timings, calls=result.calls)
+                                                 timings=result.timings, calls=result.calls,
+                                                 ms_per_round_and_per_call=call_split(
+                                                     result.calls))
     else:
         loop_ms = 1e3 * result.decode_seconds
         rounds, extra = sum(result.verify_widths.values()), {}
@@ -348,9 +353,8 @@ def main(argv=None):
         tasks = [("ar", None)] + natural + [(m, t) for t in args.taus for m in args.methods
                                             if m not in ("ar", "ngram")]
         specs = {task: task_config(models, *task) for task in tasks}
-        for task, (config, drafter, dp) in specs.items():
-            if args.serve:               # serve's own programs: compiled by the warm-up run
-                break
+        for task, (config, drafter, dp) in specs.items() if not args.serve else ():
+            # (with --serve, serve's own programs are compiled by the warm-up run)
             seconds = precompile(models.target, models.tp, prompts[:batch], config, drafter, dp)
             log(f"batch {batch}: compiled {task} in {seconds:.1f} s")
         for task, (config, drafter, dp) in specs.items():      # untimed: warm, calibrated

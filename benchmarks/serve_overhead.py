@@ -128,9 +128,7 @@ def main(argv=None):
     for _ in range(2):                                          # the first warms up
         result = serving.serve(models.target, tp, prompts, config, drafter, dp,
                                slots=args.batch)
-        calls = np.asarray(result.calls, np.float64)
-        split = (np.linalg.lstsq(np.stack([calls[:, 0], np.ones(len(calls))], 1), calls[:, 1],
-                                 rcond=None)[0] * 1e3).tolist() if len(calls) > 2 else None
+        split = serving.call_split(result.calls)
         runs.append(dict(timings=result.timings, loop_calls=result.loop_calls,
                          loop_rounds=result.loop_rounds, refills=result.refills,
                          ms_per_round_and_per_call=split,

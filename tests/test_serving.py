@@ -104,6 +104,13 @@ def test_insert_rows_by_batch_axis():
     assert [serving.refill_size(n, 6) for n in (1, 2, 3, 5, 6)] == [1, 2, 4, 6, 6]
 
 
+def test_call_split_recovers_per_round_and_per_call_costs():
+    calls = [(n, 0.010 * n + 0.004) for n in (1, 2, 3, 5)]          # 10 ms a round, 4 a call
+    per_round, per_call = serving.call_split(calls)
+    assert abs(per_round - 10.0) < 1e-9 and abs(per_call - 4.0) < 1e-9
+    assert serving.call_split(calls[:2]) is None and serving.call_split([(2, 1.0)] * 4) is None
+
+
 def test_serve_errors():
     cfg, target, params, dparams = _pair()
     config = DecodeConfig(method="ar", max_new_tokens=4)

@@ -54,8 +54,6 @@ class ServeResult(speculative.CommitStats):
     slots: int
     seconds: float               # wall time of the queue: prefills + round loops
     prefill_seconds: float       # of which prefills (the first fill and the refills)
-    loop_rounds: int             # rounds of the slots' loop (a round serves every slot)
-    loop_calls: int              # round-loop calls (host syncs)
     refills: int                 # refill prefills run
     verify_width: int
     compile_seconds: float = 0.0
@@ -65,9 +63,18 @@ class ServeResult(speculative.CommitStats):
     arm_rounds: dict = dataclasses.field(default_factory=dict)
     arm_costs: list = dataclasses.field(default_factory=list)
     # where the queue's time went: seconds in the round loops, the refills' prefills and
-    # their row insertion; calls: (rounds, seconds) of each round-loop call
+    # their row insertion; calls: (rounds, seconds) of each round-loop call (a host sync)
     timings: dict = dataclasses.field(default_factory=dict)
     calls: list = dataclasses.field(default_factory=list)
+
+    @property
+    def loop_rounds(self) -> int:
+        """Rounds of the slots' loop (a round serves every slot)."""
+        return sum(n for n, _ in self.calls)
+
+    @property
+    def loop_calls(self) -> int:
+        return len(self.calls)
 
     @property
     def tokens_per_second(self) -> float:
@@ -87,6 +94,19 @@ class ServeResult(speculative.CommitStats):
         static batch)."""
         return (max(self.new_tokens - len(self.tokens), 0)
                 / max(self.seconds - self.prefill_seconds, 1e-9))
+
+
+def call_split(calls) -> tuple[float, float] | None:
+    """``(ms per round, ms per call)``: the least-squares split of round-loop calls'
+    ``(rounds, seconds)`` (:attr:`ServeResult.calls`) into a per-round and a per-call part
+    (what a return to the host costs beyond its rounds); ``None`` with fewer than 3 calls
+    or one round count only."""
+    calls = np.asarray(calls, np.float64).reshape(-1, 2)
+    if len(calls) < 3 or len(set(calls[:, 0])) < 2:
+        return None
+    design = np.stack([calls[:, 0], np.ones(len(calls))], 1)
+    per_round, per_call = np.linalg.lstsq(design, calls[:, 1], rcond=None)[0] * 1e3
+    return float(per_round), float(per_call)
 
 
 def batch_axes(small, large) -> list:
@@ -221,8 +241,8 @@ def serve(target, target_params, requests: Sequence[Sequence[int]], config: Deco
     hist = np.zeros((len(requests), state.accept_hist.shape[1]), np.int64)
     owner: list = list(range(slots))     # request in each slot (None: idle)
     queue = slots                        # next request to start
-    loop_rounds = loop_calls = refills = 0
-    refill_seconds = insert_seconds = loop_seconds = 0.0
+    refills = 0
+    refill_seconds = insert_seconds = 0.0
     calls = []
     limit = jnp.int32(config.max_new_tokens + 1)
     t1 = time.perf_counter()
@@ -273,31 +293,15 @@ def serve(target, target_params, requests: Sequence[Sequence[int]], config: Deco
                                            done_limit=done_limit)
         ran = int((np.asarray(state.rounds) - live_rounds)[~done].max(initial=0))
         calls.append((ran, time.perf_counter() - t4))   # a live row counts every round
-        loop_seconds += calls[-1][1]
-        loop_calls += 1
-        loop_rounds += ran
     seconds = time.perf_counter() - t1 - refill_compile + first_prefill
     prefill_seconds = first_prefill + refill_seconds - refill_compile
-    result = _result(prep, results, rounds, hist, slots, seconds, prefill_seconds, loop_rounds,
-                     loop_calls, refills, prep.compile_seconds + refill_compile,
-                     calibration_seconds, cost_source, policy)
-    result.timings = dict(loop=loop_seconds, refill_prefill=prefill_seconds - insert_seconds,
-                          insert=insert_seconds)
-    result.calls = calls
-    return result
+    widths, arms, costs = speculative.width_report(prep, policy, sum(n for n, _ in calls))
+    return ServeResult(
+        results, rounds, hist, slots, seconds, prefill_seconds, refills, prep.num_drafts + 1,
+        compile_seconds=prep.compile_seconds + refill_compile,
+        calibration_seconds=calibration_seconds, cost_source=cost_source, verify_widths=widths,
+        arm_rounds=arms, arm_costs=costs,
+        timings=dict(loop=sum(t for _, t in calls),
+                     refill_prefill=prefill_seconds - insert_seconds, insert=insert_seconds),
+        calls=calls)
 
-
-def _result(prep, results, rounds, hist, slots, seconds, prefill_seconds, loop_rounds,
-            loop_calls, refills, compile_seconds, calibration_seconds, cost_source,
-            policy) -> ServeResult:
-    arms, costs = {}, []
-    if policy is None:
-        widths = {prep.num_drafts + 1: loop_rounds}
-    else:
-        widths = adaptive_lib.width_histogram(prep.widths, np.asarray(policy.arm_rounds))
-        arms = adaptive_lib.arm_histogram(prep.widths, np.asarray(policy.arm_rounds))
-        costs = [float(c) for c in np.asarray(policy.costs)]
-    return ServeResult(results, rounds, hist, slots, seconds, prefill_seconds, loop_rounds,
-                       loop_calls,
-                       refills, prep.num_drafts + 1, compile_seconds, calibration_seconds,
-                       cost_source, widths, arms, costs)

@@ -263,16 +263,22 @@ def generate(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
             break
     t2 = time.perf_counter()
     rounds = np.asarray(state.rounds)
-    arms, costs = {}, []
-    if policy is None:
-        widths = {prep.num_drafts + 1: int(rounds.max(initial=0))}
-    else:
-        widths = adaptive_lib.width_histogram(prep.widths, np.asarray(policy.arm_rounds))
-        arms = adaptive_lib.arm_histogram(prep.widths, np.asarray(policy.arm_rounds))
-        costs = [float(c) for c in np.asarray(policy.costs)]
+    widths, arms, costs = width_report(prep, policy, int(rounds.max(initial=0)))
     return GenerateResult(_trim(state, config), rounds, np.asarray(state.accept_hist),
                           prefill_seconds, t2 - t1, prep.num_drafts + 1, prep.compile_seconds,
                           widths, calibration_seconds, cost_source, arms, costs)
+
+
+def width_report(prep: _Prepared, policy, loop_rounds: int):
+    """``(verify widths, arm rounds, arm costs)`` of a run: ``{verify rows: rounds}`` (a
+    fixed width: all ``loop_rounds``), and for an adaptive run ``{arm name: rounds}`` and the
+    policy's ms per round of each arm."""
+    if policy is None:
+        return {prep.num_drafts + 1: loop_rounds}, {}, []
+    arm_rounds = np.asarray(policy.arm_rounds)
+    return (adaptive_lib.width_histogram(prep.widths, arm_rounds),
+            adaptive_lib.arm_histogram(prep.widths, arm_rounds),
+            [float(c) for c in np.asarray(policy.costs)])
 
 
 def _start_policy(prep: _Prepared, target, config: DecodeConfig, target_params, draft_params,
@@ -406,8 +412,9 @@ def _compiled(target, drafter, config, target_params, draft_params, prompt, prom
     (thread-safe, each key compiled once: :func:`_cached`).
     """
     t0 = time.perf_counter()
-    prefill_fn, prefill_seconds = compiled_prefill(target, drafter, config, target_params, draft_params,
-                                     prompt, prompt_len, key, capacity)
+    prefill_fn, prefill_seconds = compiled_prefill(target, drafter, config, target_params,
+                                                   draft_params, prompt, prompt_len, key,
+                                                   capacity)
 
     def build():
         adaptive = config.adaptive
