@@ -11,7 +11,11 @@ with forced acceptance ``--tau``), median ms over ``--reps``:
   ``done`` after each, as the scheduler does): the difference is the per-call cost;
 * ``round_after_insert``: the same, with a refill (a batch-1 prefill written into row 0)
   between the calls, the refill itself not counted: whether an insertion slows the round;
+* ``zero_round_call``: ms of a loop call that runs no round (``done_limit`` 0): what a
+  call costs outside its rounds (dispatch, the copies of the loop's entry and exit);
 * ``prefill_1`` / ``insert``: a batch-1 prefill and its insertion alone;
+* ``entry_copies``: the copies in the compiled loop's entry computation outside the while
+  loop (count and bytes, from the optimized HLO), the candidates for a per-call cost;
 * ``serve``: ``serve()`` on ``--serve`` requests per slot: its ``timings`` and the
   least-squares split of its loop calls' seconds into per-round and per-call parts.
 
@@ -47,9 +51,39 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--serve", type=int, default=3, help="requests per slot of the serve run")
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--many-calls", action="store_true",
+                   help="compile the loop as serve() does (speculative.rounds_compiler_options)")
     p.add_argument("--git-commit", default=None)
     p.add_argument("--out", default=None, help="write JSON here")
     return p.parse_args(argv)
+
+
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2,
+                "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
+
+
+def entry_copies(hlo: str) -> dict:
+    """``{"count", "bytes", "largest"}`` of the ``copy`` / ``copy-start`` instructions of
+    optimized HLO text's ENTRY computation (outside its while loop's body)."""
+    import re
+
+    entry, inside = [], False
+    for line in hlo.splitlines():
+        if line.startswith("ENTRY "):
+            inside = True
+        elif inside and line.startswith("}"):
+            break
+        elif inside:
+            entry.append(line)
+    sizes = []
+    for line in entry:
+        m = re.search(r"= (\w+)\[([\d,]*)\][^ ]* (copy|copy-start)\(", line)
+        if m:
+            n = 1
+            for d in filter(None, m.group(2).split(",")):
+                n *= int(d)
+            sizes.append(n * _DTYPE_BYTES.get(m.group(1), 4))
+    return dict(count=len(sizes), bytes=sum(sizes), largest=sorted(sizes)[-5:])
 
 
 def main(argv=None):
@@ -73,7 +107,8 @@ def main(argv=None):
     prompts = [random_prompt(args.prompt_len, vocab, 100 + r)
                for r in range(args.batch * args.serve)]
     tp, dp = models.tp, models.dp
-    prep = speculative._prepare(models.target, tp, prompts[:args.batch], config, drafter, dp, 0)
+    prep = speculative._prepare(models.target, tp, prompts[:args.batch], config, drafter, dp, 0,
+                                many_calls=args.many_calls)
     axes = serving.state_batch_axes(models.target, prep.drafter, config, tp, dp,
                                     prep.prompt.shape[1], prep.capacity)
     one, one_len = speculative.pad_prompts(prompts[-1:], width=prep.prompt.shape[1])
@@ -105,6 +140,13 @@ def main(argv=None):
             spent += time.perf_counter() - t0
         return 1e3 * spent / max(n, 1)
 
+    def zero_round_call():
+        state = fresh()
+        t0 = time.perf_counter()
+        state = prep.rounds_fn(tp, dp, state, jnp.int32(args.rounds), done_limit=0)
+        jax.block_until_ready(state)
+        return 1e3 * (time.perf_counter() - t0)
+
     def prefill_ms():
         t0 = time.perf_counter()
         jax.block_until_ready(prefill_1(tp, dp, one, one_len, prep.key))
@@ -118,7 +160,10 @@ def main(argv=None):
         return 1e3 * (time.perf_counter() - t0)
 
     out = {}
-    for name, fn in (("round_in_one_call", one_call), ("round_per_call", lambda: per_call(False)),
+    out["entry_copies"] = entry_copies(prep.rounds_fn.as_text())
+    print("entry_copies:", out["entry_copies"], flush=True)
+    for name, fn in (("round_in_one_call", one_call), ("zero_round_call", zero_round_call),
+                     ("round_per_call", lambda: per_call(False)),
                      ("round_after_insert", lambda: per_call(True)), ("prefill_1", prefill_ms),
                      ("insert", insert_ms)):
         times = [fn() for _ in range(args.reps + 1)][1:]        # the first warms up
@@ -137,6 +182,11 @@ def main(argv=None):
     out["serve"] = runs[-1]
     print("serve:", json.dumps(runs[-1]), flush=True)
     dev = jax.devices()[0]
+    if args.out:
+        import gzip
+        os.makedirs(args.out, exist_ok=True)
+        with gzip.open(os.path.join(args.out, "serve_overhead_rounds_hlo.txt.gz"), "wt") as f:
+            f.write(prep.rounds_fn.as_text())
     meta = dict(date=_dt.datetime.now().isoformat(timespec="seconds"),
                 git_commit=git_commit(args.git_commit), versions=versions(),
                 device=f"{dev.platform}:{dev.device_kind}", argv=sys.argv[1:])

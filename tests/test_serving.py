@@ -104,6 +104,15 @@ def test_insert_rows_by_batch_axis():
     assert [serving.refill_size(n, 6) for n in (1, 2, 3, 5, 6)] == [1, 2, 4, 6, 6]
 
 
+def test_refill_plan_pads_only_the_queue_end():
+    # more waiting than free: the largest power of two, no padding rows
+    assert [serving.refill_plan(f, 100, 32) for f in (1, 3, 5, 8, 31)] == [
+        (1, 1), (2, 2), (4, 4), (8, 8), (16, 16)]
+    assert serving.refill_plan(5, 3, 32) == (3, 4)      # the last three, padded to 4
+    assert serving.refill_plan(5, 5, 6) == (5, 6)       # capped at the slots
+    assert serving.refill_plan(0, 7, 8) == (0, 0) and serving.refill_plan(4, 0, 8) == (0, 0)
+
+
 def test_call_split_recovers_per_round_and_per_call_costs():
     calls = [(n, 0.010 * n + 0.004) for n in (1, 2, 3, 5)]          # 10 ms a round, 4 a call
     per_round, per_call = serving.call_split(calls)

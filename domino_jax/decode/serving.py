@@ -16,10 +16,10 @@ around the same compiled programs:
 2. the round loop (:class:`~domino_jax.decode.speculative.RoundsProgram`) runs until
    ``refill_rows`` more rows are done (``done_limit``; default a slot in 8,
    :func:`default_refill_rows`): one host sync per refill, not per round;
-3. each done slot's output is taken, and the next requests are prefilled together (a
-   batch of the next power of two, the extra rows dropped: one program per size) and
-   written into the done slots (:func:`insert_rows`; the adaptive policy's per-row
-   acceptance statistics of those slots go back to the prior, :func:`reset_policy_rows`);
+3. each done slot's output is taken, and the next requests are prefilled together (one
+   program per batch size, powers of two: :func:`refill_plan`) and written into free
+   slots (:func:`insert_rows`; the adaptive policy's per-row acceptance statistics of
+   those slots go back to the prior, :func:`reset_policy_rows`);
 4. until the queue is empty and every slot is done.
 
 Each request's tokens are exactly what a batch of its own would give at T = 0 (rows never
@@ -184,6 +184,21 @@ def refill_size(count: int, slots: int) -> int:
     return min(1 << max(count - 1, 0).bit_length(), slots)
 
 
+def refill_plan(free: int, waiting: int, slots: int) -> tuple[int, int]:
+    """``(requests to start now, prefill batch)`` for ``free`` free slots and ``waiting``
+    queued requests. While more requests wait than slots are free, the largest power of
+    two that fits (no padding rows: a prefill is compute-bound at a few rows of a long
+    prompt, so a padded row costs as much as a real one; the other free slots wait for the
+    next refill); the queue's last requests all at once, padded to :func:`refill_size`."""
+    count = min(free, waiting)
+    if count <= 0:
+        return 0, 0
+    if waiting > free:
+        size = 1 << (count.bit_length() - 1)
+        return size, size
+    return count, refill_size(count, slots)
+
+
 def serve(target, target_params, requests: Sequence[Sequence[int]], config: DecodeConfig,
           drafter=None, draft_params=None, slots: int | None = None, seed: int = 0,
           cost_model: CostModel | None = None, refill_rows: int | None = None) -> ServeResult:
@@ -256,10 +271,12 @@ def serve(target, target_params, requests: Sequence[Sequence[int]], config: Deco
                 results[owner[s]] = speculative.trim_row(out[s], num[s], config)
                 rounds[owner[s]], hist[owner[s]] = live_rounds[s], acc[s]
                 owner[s] = None
-        new = list(range(queue, min(queue + len(finished), len(requests))))
-        if new:                          # the next requests into the first finished slots
+        free = [s for s in range(slots) if owner[s] is None]
+        waiting = len(requests) - queue
+        count, size = refill_plan(len(free), waiting, slots)
+        if count and (len(free) >= refill_rows or count == waiting or len(free) == slots):
+            new = list(range(queue, queue + count))     # the next requests, free slots
             t2 = time.perf_counter()
-            size = refill_size(len(new), slots)
             batch = [requests[r] for r in new] + [requests[new[0]]] * (size - len(new))
             prompt, prompt_len = speculative.pad_prompts(batch, width=width)
             fn = prefill_fn(size)
@@ -267,22 +284,24 @@ def serve(target, target_params, requests: Sequence[Sequence[int]], config: Deco
                       jax.random.fold_in(prep.key, queue))
             jax.block_until_ready(part)
             t3 = time.perf_counter()
-            rows = jnp.asarray(finished[:len(new)] + [slots] * (size - len(new)), jnp.int32)
+            rows = jnp.asarray(free[:len(new)] + [slots] * (size - len(new)), jnp.int32)
             state = _insert_jit(state, part, rows, axes)
             if policy is not None:
                 policy = _reset_jit(policy, rows)
             jax.block_until_ready((state, policy))
             refill_seconds += time.perf_counter() - t2
             insert_seconds += time.perf_counter() - t3
-            for s, r in zip(finished, new):
+            for s, r in zip(free, new):
                 owner[s] = r
             queue += len(new)
             refills += 1
             continue                     # a new row may be done at once (a stop first)
         if all(o is None for o in owner):
             break
-        # with the queue empty, the loop runs until every row is done
-        wait = refill_rows if queue < len(requests) else slots
+        # until refill_rows slots are free (counting those already free); with the queue
+        # empty, until every row is done
+        idle = sum(o is None for o in owner)
+        wait = max(refill_rows - idle, 1) if queue < len(requests) else slots
         done_limit = min(int(done.sum()) + wait, slots)
         t4 = time.perf_counter()
         if policy is None:
