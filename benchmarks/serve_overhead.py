@@ -115,10 +115,11 @@ def main(argv=None):
     prefill_1, _ = speculative.compiled_prefill(models.target, prep.drafter, config, tp, dp,
                                                 one, one_len, prep.key, prep.capacity)
     row0 = jnp.asarray([0], jnp.int32)
+    insert_fn = prep.rounds_fn.keeping_layouts(serving.insert_rows, static_argnums=(3,))
 
     def fresh():
         state = prep.prefill_fn(tp, dp, prep.prompt, prep.prompt_len, prep.key)
-        return jax.block_until_ready(state)
+        return jax.block_until_ready(prep.rounds_fn.adopt(state))   # the loop's layouts
 
     def one_call():
         state = fresh()
@@ -132,7 +133,7 @@ def main(argv=None):
         for _ in range(args.rounds):
             if insert:
                 part = prefill_1(tp, dp, one, one_len, prep.key)
-                state = jax.block_until_ready(serving._insert_jit(state, part, row0, axes))
+                state = jax.block_until_ready(insert_fn(state, part, row0, axes))
             t0 = time.perf_counter()
             before = np.asarray(state.rounds)
             state = prep.rounds_fn(tp, dp, state, jnp.int32(1))
@@ -156,7 +157,7 @@ def main(argv=None):
         state = fresh()
         part = jax.block_until_ready(prefill_1(tp, dp, one, one_len, prep.key))
         t0 = time.perf_counter()
-        jax.block_until_ready(serving._insert_jit(state, part, row0, axes))
+        jax.block_until_ready(insert_fn(state, part, row0, axes))
         return 1e3 * (time.perf_counter() - t0)
 
     out = {}

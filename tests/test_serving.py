@@ -113,6 +113,46 @@ def test_refill_plan_pads_only_the_queue_end():
     assert serving.refill_plan(0, 7, 8) == (0, 0) and serving.refill_plan(4, 0, 8) == (0, 0)
 
 
+def test_a_loop_with_its_own_state_layouts_keeps_them_through_insertions():
+    # a stand-in loop whose state leaf "a" is laid out column-major (as XLA lays a
+    # speculative loop's caches out on a GPU); the CPU keeps default layouts for AUTO
+    from jax.experimental.layout import Format, Layout
+    from domino_jax.decode.speculative import RoundsProgram
+
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    column = Format(Layout(major_to_minor=(1, 0)), device)
+    formats = {"a": column, "b": Format(Layout(major_to_minor=(0,)), device)}
+    loop = jax.jit(lambda tp, dp, state, n, limit: {"a": state["a"] + tp, "b": state["b"] + 1},
+                   in_shardings=(None, None, formats, None, None), out_shardings=formats,
+                   donate_argnums=(2,))
+    state = {"a": jnp.zeros((4, 3)), "b": jnp.zeros(4, jnp.int32)}
+    program = RoundsProgram(loop.lower(1.0, None, state, 0, 0).compile(), 4, state_layouts=True)
+    assert program._relaid == [0]                   # only the non-default leaf is checked
+    state = program.adopt(state)
+    assert state["a"].format == program.state_formats["a"]
+    assert state["a"].format.layout.major_to_minor == (1, 0)
+    state = program(1.0, None, state, jnp.int32(1))
+    insert = program.keeping_layouts(serving.insert_rows, static_argnums=(3,))
+    part = {"a": jnp.full((1, 3), 7.0), "b": jnp.asarray([9], jnp.int32)}
+    state = insert(state, part, jnp.asarray([2], jnp.int32), (0, 0))
+    assert state["a"].format == program.state_formats["a"]
+    assert state["b"].format == program.state_formats["b"]
+    np.testing.assert_array_equal(np.asarray(state["a"])[:, 0], [1, 1, 7, 1])
+    np.testing.assert_array_equal(np.asarray(state["b"]), [1, 1, 9, 1])
+    assert program.keeping_layouts(serving.insert_rows, static_argnums=(3,)) is insert
+    plain = RoundsProgram(loop.lower(1.0, None, state, 0, 0).compile(), 4)
+    assert plain.state_formats is None and plain.adopt(state) is state
+
+
+def test_served_speculative_loops_choose_their_state_layouts():
+    from domino_jax.decode.speculative import loop_state_layouts
+    cfg, target, params, dparams = _pair()
+    domino, ar = make_drafter(cfg, target, "domino"), make_drafter(None, target, "ar")
+    assert loop_state_layouts(domino, True, params, dparams)
+    assert not loop_state_layouts(domino, False, params, dparams)   # generate: defaults
+    assert not loop_state_layouts(ar, True, params, None)          # AR: no per-call cost
+
+
 def test_call_split_recovers_per_round_and_per_call_costs():
     calls = [(n, 0.010 * n + 0.004) for n in (1, 2, 3, 5)]          # 10 ms a round, 4 a call
     per_round, per_call = serving.call_split(calls)

@@ -161,7 +161,6 @@ def reset_policy_rows(policy: adaptive_lib.PolicyState, rows: jax.Array):
                           observed=policy.observed.at[rows].set(0.0, mode="drop"))
 
 
-_insert_jit = jax.jit(insert_rows, static_argnums=(3,), donate_argnums=(0,))
 _reset_jit = jax.jit(reset_policy_rows)   # small; init_policy shares one zeros buffer
 
 
@@ -228,6 +227,7 @@ def serve(target, target_params, requests: Sequence[Sequence[int]], config: Deco
                                 draft_params, seed, width=width, many_calls=True)
     axes = state_batch_axes(target, prep.drafter, config, target_params, draft_params, width,
                             prep.capacity)
+    insert = prep.rounds_fn.keeping_layouts(insert_rows, static_argnums=(3,))
 
     refill_compile = 0.0                 # refill prefills compiled inside the clock
     prefill_fns = {slots: prep.prefill_fn}
@@ -285,7 +285,7 @@ def serve(target, target_params, requests: Sequence[Sequence[int]], config: Deco
             jax.block_until_ready(part)
             t3 = time.perf_counter()
             rows = jnp.asarray(free[:len(new)] + [slots] * (size - len(new)), jnp.int32)
-            state = _insert_jit(state, part, rows, axes)
+            state = insert(prep.rounds_fn.adopt(state), part, rows, axes)
             if policy is not None:
                 policy = _reset_jit(policy, rows)
             jax.block_until_ready((state, policy))

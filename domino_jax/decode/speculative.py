@@ -28,6 +28,7 @@ from typing import Any, NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental.layout import Format, Layout
 
 from domino_jax.decode import adaptive as adaptive_lib
 from domino_jax.decode.config import DecodeConfig
@@ -99,6 +100,13 @@ _rounds_jit = jax.jit(decode_rounds, static_argnums=(0, 1, 2), donate_argnums=(5
 _adaptive_prefill_jit = jax.jit(adaptive_lib.prefill, static_argnums=(0, 1, 2, 8))
 _adaptive_rounds_jit = jax.jit(adaptive_lib.adaptive_rounds, static_argnums=(0, 1, 2),
                                donate_argnums=(5,))
+# the same loops with the state's layouts left to XLA, in and out (loop_state_layouts)
+_AUTO = Format(Layout.AUTO)
+_rounds_jit_auto = jax.jit(decode_rounds, static_argnums=(0, 1, 2), donate_argnums=(5,),
+                           in_shardings=(None, None, _AUTO, None, None), out_shardings=_AUTO)
+_adaptive_rounds_jit_auto = jax.jit(
+    adaptive_lib.adaptive_rounds, static_argnums=(0, 1, 2), donate_argnums=(5,),
+    in_shardings=(None, None, _AUTO, None, None, None), out_shardings=(_AUTO, None))
 
 
 def prompt_bucket(length: int) -> int:
@@ -293,7 +301,7 @@ def _start_policy(prep: _Prepared, target, config: DecodeConfig, target_params, 
                                         costs, force)
 
     def run_forced(arm: int, rounds: int):
-        copy = jax.tree_util.tree_map(jnp.copy, state)
+        copy = prep.rounds_fn.adopt(jax.tree_util.tree_map(jnp.copy, state))
         policy = make([1.0] * len(prep.widths), arm)
         jax.block_until_ready((copy, policy))
         t0 = time.perf_counter()
@@ -312,8 +320,47 @@ class RoundsProgram:
     ``done_limit`` (default: the whole batch) returns once that many rows are done
     (:func:`~domino_jax.decode.round.keep_running`: what continuous batching refills)."""
 
-    def __init__(self, compiled, batch: int):
+    def __init__(self, compiled, batch: int, state_layouts: bool = False):
         self.compiled, self.batch = compiled, batch
+        # the state's formats (layout + device) the loop takes and returns, when compiled
+        # with layouts of its own choosing (loop_state_layouts); None: the defaults
+        self.state_formats = compiled.input_formats[0][2] if state_layouts else None
+        self._kept = {}
+        # the leaves whose chosen layout is not the row-major default (only they can need a
+        # relayout; checking a leaf's format costs host time on every call)
+        formats = jax.tree_util.tree_leaves(self.state_formats)
+        self._relaid = [i for i, f in enumerate(formats)
+                        if f.layout.major_to_minor != tuple(range(len(f.layout.major_to_minor)))
+                        or f.layout.tiling]
+
+    def adopt(self, state):
+        """``state`` in the loop's :attr:`state_formats`: each leaf whose chosen layout
+        is not the default and that is not in it yet is copied into it (a relayout, e.g. of a
+        fresh prefill's caches); the rest as they are. The compiled loop relayouts such
+        inputs itself; this does it ahead, outside a timed call."""
+        if not self._relaid:
+            return state
+        leaves, tree = jax.tree_util.tree_flatten(state)
+        formats = jax.tree_util.tree_leaves(self.state_formats)
+        for i in self._relaid:
+            if getattr(leaves[i], "format", None) != formats[i]:
+                leaves[i] = jax.device_put(leaves[i], formats[i])
+        return jax.tree_util.tree_unflatten(tree, leaves)
+
+    def keeping_layouts(self, fn, static_argnums: tuple = ()):
+        """``fn(state, *rest) -> state`` jitted (``state`` donated) so that the state stays
+        in :attr:`state_formats` (a default jit would relayout the whole state to the default
+        layouts and the next loop call back: the per-call cost this avoids); cached per
+        ``fn``."""
+        if fn not in self._kept:
+            kw = {}
+            if self.state_formats is not None:
+                n = fn.__code__.co_argcount - len(static_argnums)
+                kw = dict(in_shardings=(self.state_formats,) + (None,) * (n - 1),
+                          out_shardings=self.state_formats)
+            self._kept[fn] = jax.jit(fn, static_argnums=static_argnums, donate_argnums=(0,),
+                                     **kw)
+        return self._kept[fn]
 
     def __call__(self, *args, done_limit: int | None = None):
         limit = self.batch if done_limit is None else done_limit
@@ -402,6 +449,28 @@ def rounds_compiler_options(drafter, many_calls: bool) -> dict:
     return {}
 
 
+def loop_state_layouts(drafter, many_calls: bool, target_params, draft_params) -> bool:
+    """Whether a round loop is compiled with its state's layouts chosen by XLA (in and out,
+    ``jax.experimental.layout.Layout.AUTO``) instead of the defaults: for a speculative loop
+    called many times (continuous batching), its parameters on one device. Inside a
+    speculative loop XLA lays the KV caches out with the sequence axis minor (the verify's
+    attention products read them so); with default layouts at the program's boundary, every
+    call transposed the target and draft caches in and back out: on the H200 at the Qwen3-8B
+    shape, batch 32, 4.5 ms a call that ran no round (``benchmarks/serve_overhead.py``,
+    NOTES entry 26). With the loop's own layouts the state stays in them between calls
+    (:meth:`RoundsProgram.adopt`, :meth:`RoundsProgram.keeping_layouts`). One device only:
+    tensor-parallel parameters keep the default program (their shardings would need stating
+    here). On a CPU XLA keeps the default layouts, so this changes nothing there."""
+    if not many_calls or drafter.num_drafts == 0:
+        return False
+    devices = set()
+    for leaf in jax.tree_util.tree_leaves((target_params, draft_params)):
+        sharding = getattr(leaf, "sharding", None)
+        if sharding is not None:
+            devices |= set(sharding.device_set)
+    return len(devices) <= 1
+
+
 def _compiled(target, drafter, config, target_params, draft_params, prompt, prompt_len, key,
               capacity, many_calls: bool = False):
     """AOT-compiled prefill and round loop (a :class:`RoundsProgram`), cached per (models,
@@ -421,25 +490,28 @@ def _compiled(target, drafter, config, target_params, draft_params, prompt, prom
         prefill_of = prefill if adaptive is None else adaptive_lib.prefill
         limit = jnp.int32(0)
         options = rounds_compiler_options(drafter, many_calls)
+        layouts = loop_state_layouts(drafter, many_calls, target_params, draft_params)
         with precision_scope(target):
             state_spec = jax.eval_shape(
                 lambda tp, dp, p, pl, k: prefill_of(target, drafter, config, tp, dp, p, pl, k,
                                                     capacity),
                 target_params, draft_params, prompt, prompt_len, key)
             if adaptive is None:
-                compiled = _rounds_jit.lower(target, drafter, config, target_params,
+                compiled = (_rounds_jit_auto if layouts else _rounds_jit).lower(
+                    target, drafter, config, target_params,
                                              draft_params, state_spec, limit,
                                              limit).compile(compiler_options=options)
             else:
                 widths = adaptive_lib.resolve_widths(adaptive, drafter)
                 policy_spec = jax.eval_shape(lambda: adaptive_lib.init_policy(
                     adaptive, drafter, widths, prompt.shape[0], [1.0] * len(widths)))
-                compiled = _adaptive_rounds_jit.lower(
+                compiled = (_adaptive_rounds_jit_auto if layouts else _adaptive_rounds_jit).lower(
                     target, drafter, config, target_params, draft_params, state_spec,
                     policy_spec, limit, limit).compile(compiler_options=options)
-        return RoundsProgram(compiled, prompt.shape[0])
+        return RoundsProgram(compiled, prompt.shape[0], layouts)
 
-    options_key = tuple(sorted(rounds_compiler_options(drafter, many_calls).items()))
+    options_key = (tuple(sorted(rounds_compiler_options(drafter, many_calls).items())),
+                   loop_state_layouts(drafter, many_calls, target_params, draft_params))
     rounds_fn, seconds = _cached(("rounds", options_key) + _program_key(
         target, drafter, config, target_params, draft_params, prompt.shape, capacity), build)
     return prefill_fn, rounds_fn, ((time.perf_counter() - t0) if prefill_seconds or seconds
