@@ -13,6 +13,7 @@ with forced acceptance ``--tau``), median ms over ``--reps``:
   between the calls, the refill itself not counted: whether an insertion slows the round;
 * ``zero_round_call``: ms of a loop call that runs no round (``done_limit`` 0): what a
   call costs outside its rounds (dispatch, the copies of the loop's entry and exit);
+* ``ar_zero_round_call``: the same for the AR loop (the baseline's per-call cost);
 * ``prefill_1`` / ``insert``: a batch-1 prefill and its insertion alone;
 * ``entry_copies``: the copies in the compiled loop's entry computation outside the while
   loop (count and bytes, from the optimized HLO), the candidates for a per-call cost;
@@ -51,6 +52,8 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--serve", type=int, default=3, help="requests per slot of the serve run")
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--profile", default=None,
+                   help="write a jax.profiler trace (perfetto JSON) of 3 zero-round calls here")
     p.add_argument("--many-calls", action="store_true",
                    help="compile the loop as serve() does (speculative.rounds_compiler_options)")
     p.add_argument("--git-commit", default=None)
@@ -84,6 +87,26 @@ def entry_copies(hlo: str) -> dict:
                 n *= int(d)
             sizes.append(n * _DTYPE_BYTES.get(m.group(1), 4))
     return dict(count=len(sizes), bytes=sum(sizes), largest=sorted(sizes)[-5:])
+
+
+def profile_summary(directory: str, top: int = 30) -> list:
+    """The ``top`` events of a perfetto trace under ``directory`` by summed duration:
+    ``[us, process, name]`` (host threads and device streams)."""
+    import collections
+    import glob
+    import gzip
+
+    path = sorted(glob.glob(os.path.join(directory, "**", "perfetto_trace.json.gz"),
+                            recursive=True))[-1]
+    trace = json.load(gzip.open(path))
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    process = {e["pid"]: e["args"]["name"] for e in events
+               if e.get("ph") == "M" and e.get("name") == "process_name"}
+    total = collections.Counter()
+    for e in events:
+        if e.get("ph") == "X":
+            total[(process.get(e["pid"], str(e["pid"])), e["name"][:90])] += e.get("dur", 0)
+    return [[round(us, 1), proc, name] for (proc, name), us in total.most_common(top)]
 
 
 def main(argv=None):
@@ -148,6 +171,17 @@ def main(argv=None):
         jax.block_until_ready(state)
         return 1e3 * (time.perf_counter() - t0)
 
+    ar_prep = speculative._prepare(models.target, tp, prompts[:args.batch],
+                                   DecodeConfig(method="ar", max_new_tokens=args.new_tokens),
+                                   None, None, 0, many_calls=args.many_calls)
+
+    def ar_zero_round_call():
+        state = jax.block_until_ready(ar_prep.prefill_fn(tp, None, ar_prep.prompt,
+                                                         ar_prep.prompt_len, ar_prep.key))
+        t0 = time.perf_counter()
+        jax.block_until_ready(ar_prep.rounds_fn(tp, None, state, jnp.int32(1), done_limit=0))
+        return 1e3 * (time.perf_counter() - t0)
+
     def prefill_ms():
         t0 = time.perf_counter()
         jax.block_until_ready(prefill_1(tp, dp, one, one_len, prep.key))
@@ -164,12 +198,21 @@ def main(argv=None):
     out["entry_copies"] = entry_copies(prep.rounds_fn.as_text())
     print("entry_copies:", out["entry_copies"], flush=True)
     for name, fn in (("round_in_one_call", one_call), ("zero_round_call", zero_round_call),
+                     ("ar_zero_round_call", ar_zero_round_call),
                      ("round_per_call", lambda: per_call(False)),
                      ("round_after_insert", lambda: per_call(True)), ("prefill_1", prefill_ms),
                      ("insert", insert_ms)):
         times = [fn() for _ in range(args.reps + 1)][1:]        # the first warms up
         out[name] = statistics.median(times)
         print(f"{name}: {out[name]:.2f} ms ({', '.join(f'{t:.2f}' for t in times)})", flush=True)
+    if args.profile:
+        states = [fresh() for _ in range(3)]
+        with jax.profiler.trace(args.profile, create_perfetto_trace=True):
+            for state in states:
+                jax.block_until_ready(prep.rounds_fn(tp, dp, state, jnp.int32(1), done_limit=0))
+        out["profile_top"] = profile_summary(args.profile)
+        for row in out["profile_top"]:
+            print("profile:", *row, flush=True)
     runs = []
     for _ in range(2):                                          # the first warms up
         result = serving.serve(models.target, tp, prompts, config, drafter, dp,

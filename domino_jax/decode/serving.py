@@ -259,7 +259,7 @@ def serve(target, target_params, requests: Sequence[Sequence[int]], config: Deco
     refills = 0
     refill_seconds = insert_seconds = 0.0
     calls = []
-    limit = jnp.int32(config.max_new_tokens + 1)
+    limit = np.int32(config.max_new_tokens + 1)
     t1 = time.perf_counter()
     while True:
         done, live_rounds = np.asarray(state.done), np.asarray(state.rounds)

@@ -260,10 +260,10 @@ def generate(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
     limit = chunk_rounds or (config.max_new_tokens + 1)
     while True:
         if policy is None:
-            state = prep.rounds_fn(target_params, draft_params, state, jnp.int32(limit))
+            state = prep.rounds_fn(target_params, draft_params, state, np.int32(limit))
         else:
             state, policy = prep.rounds_fn(target_params, draft_params, state, policy,
-                                           jnp.int32(limit))
+                                           np.int32(limit))
         done = bool(jnp.all(state.done))      # one host sync per chunk
         if on_chunk is not None:
             on_chunk(_trim(state, config))
@@ -364,7 +364,10 @@ class RoundsProgram:
 
     def __call__(self, *args, done_limit: int | None = None):
         limit = self.batch if done_limit is None else done_limit
-        return self.compiled(*args, jnp.int32(limit))
+        # a NumPy scalar: travels with the call's arguments; jnp.int32 would dispatch a
+        # program of its own first (~1.8 ms of host time a call on the H200's host,
+        # benchmarks/serve_overhead.py --profile, NOTES entry 26)
+        return self.compiled(*args, np.int32(limit))
 
     def as_text(self) -> str:
         return self.compiled.as_text()
