@@ -12,7 +12,10 @@ is accepted there, a round's cost does not depend on it):
   (``PolicyState.force = 0``; its context-buffer flushes included, as in a real run);
 * ``auto-wK``: the same loop with arm ``K`` forced (``--arms``, e.g. ``2,16``), for scale;
 * ``fixed-K``: the plain (non-adaptive) Domino loop at draft length ``K`` (``--fixed``):
-  what ``auto-wK`` costs without the switch around it.
+  what ``auto-wK`` costs without the switch around it;
+* ``auto+lookup-ar`` (``--lookup``): the adaptive loop with the CLI's prompt-lookup arms
+  (``lookup_arm.DEFAULT_LOOKUP_ARMS``), the AR arm forced every round: what the per-round
+  n-gram matching and the token history cost when the policy drafts nothing.
 
 Each variant runs ``--rounds`` rounds per timing, ``--reps`` timings interleaved after an
 untimed warm-up; reported: median and min ms per round and the ratio to ``ar``. With
@@ -22,6 +25,7 @@ update the KV caches in place shows (NOTES entry 21; ``DOMINO_JAX_XLA_DEFAULTS=0
 without domino_jax's XLA flags, for the comparison).
 
     flock /tmp/cpu_heavy.lock python benchmarks/ar_arm_cost.py --batch 4 --hlo --arms 2,16 --fixed 2,16
+    python benchmarks/ar_arm_cost.py --batch 32 --lookup --rounds 16 --reps 7
     python benchmarks/ar_arm_cost.py --mode forced --shape qwen3-8b --batch 32 --hlo \
         --arms 2,8 --fixed 2,8 --rounds 12 --reps 3                                  # H200
 """
@@ -55,6 +59,8 @@ def parse_args(argv=None):
     p.add_argument("--arms", default="", help="also force these widths, e.g. 2,16")
     p.add_argument("--fixed", default="", help="also run fixed Domino at these draft "
                    "lengths (no adaptive loop), e.g. 2,16")
+    p.add_argument("--lookup", action="store_true", help="also the adaptive loop with the "
+                   "prompt-lookup arms, AR forced (auto+lookup-ar)")
     p.add_argument("--hlo", action="store_true", help="count copies in the optimized HLO")
     p.add_argument("--out", default=None, help="write JSON here")
     return p.parse_args(argv)
@@ -90,6 +96,7 @@ def main(argv=None):
     from bench_util import git_commit, versions
     from domino_jax.decode import adaptive as adaptive_lib
     from domino_jax.decode.adaptive import AdaptiveConfig
+    from domino_jax.decode.lookup_arm import DEFAULT_LOOKUP_ARMS
     from domino_jax.decode.speculative import DecodeConfig, _prepare
 
     sweep_args = argparse.Namespace(mode=args.mode, shape=args.shape,
@@ -102,7 +109,7 @@ def main(argv=None):
     def add(name, config, drafter, dp, force=None):
         prep = _prepare(models.target, models.tp, prompts, config, drafter, dp, 0)
         state = prep.prefill_fn(models.tp, dp, prep.prompt, prep.prompt_len, prep.key)
-        variants[name] = (prep, dp, state, force)
+        variants[name] = (prep, dp, state, force, config.adaptive)
 
     add("ar", DecodeConfig(method="ar", max_new_tokens=new_tokens), None, None)
     auto = DecodeConfig(method="domino", max_new_tokens=new_tokens, adaptive=AdaptiveConfig())
@@ -111,12 +118,16 @@ def main(argv=None):
     widths = adaptive_lib.resolve_widths(auto.adaptive, domino)
     for w in [int(x) for x in args.arms.split(",") if x]:
         add(f"auto-w{w}", auto, domino, models.dp, force=widths.index(w))
+    if args.lookup:
+        with_lookup = DecodeConfig(method="domino", max_new_tokens=new_tokens,
+                                   adaptive=AdaptiveConfig(lookup=DEFAULT_LOOKUP_ARMS))
+        add("auto+lookup-ar", with_lookup, domino, models.dp, force=0)
     for k in [int(x) for x in args.fixed.split(",") if x]:
         add(f"fixed-{k}", DecodeConfig(method="domino", max_new_tokens=new_tokens),
             models.make("domino", draft_length=k), models.dp)
 
     def run(name):
-        prep, dp, state, force = variants[name]
+        prep, dp, state, force, adaptive = variants[name]
         state = jax.tree_util.tree_map(jnp.copy, state)
         if force is None:
             jax.block_until_ready(state)
@@ -124,7 +135,7 @@ def main(argv=None):
             state = prep.rounds_fn(models.tp, dp, state, jnp.int32(args.rounds))
             ran = int(state.rounds.max())
         else:
-            policy = adaptive_lib.init_policy(auto.adaptive, prep.drafter, prep.widths,
+            policy = adaptive_lib.init_policy(adaptive, prep.drafter, prep.widths,
                                               args.batch, [1.0] * len(prep.widths), force)
             jax.block_until_ready((state, policy))
             t0 = time.perf_counter()
