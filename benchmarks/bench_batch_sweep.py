@@ -86,6 +86,11 @@ def parse_args(argv=None):
     p.add_argument("--methods", default="ar,ngram,dflash,domino,ddtree,dominotree,dflash-auto,"
                    "domino-auto,ddtree-auto,dominotree-auto")
     p.add_argument("--budget", type=int, default=16)
+    p.add_argument("--trim-block", action="store_true",
+                   help="chain methods: the backbone runs over only the block slots a round's "
+                        "drafts read (BlockOptions.trim_block; the drafts change: with --mode "
+                        "forced the acceptance does not, so this times what a drafter trained "
+                        "on trimmed blocks would cost)")
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=128, help="forced mode: prompt tokens")
     p.add_argument("--reps", type=int, default=2)
@@ -214,6 +219,8 @@ def task_config(models, method: str, tau):
     if base in ("ar", "ngram"):                    # no drafter checkpoint
         return config, None, None
     options = dict(budget=args.budget) if base in TREE else {}
+    if args.trim_block and base in CHAIN:
+        options["trim_block"] = True
     return config, models.make(base, **options), models.dp
 
 
@@ -257,7 +264,9 @@ def sample(result) -> dict:
 def markdown(meta: dict, rows: list[dict]) -> str:
     lines = [f"# Batch sweep {meta['date']} ({meta['device']}, mode {meta['mode']}"
              + (f", shape {meta['shape']}" if meta["mode"] == "forced" else ", SmolLM2 pair")
-             + f", {meta['new_tokens']} new tokens, commit {meta['git_commit']})", "",
+             + f", {meta['new_tokens']} new tokens"
+             + (", trimmed blocks" if meta.get("trim_block") else "")
+             + f", commit {meta['git_commit']})", "",
              f"Medians of {meta['reps']} interleaved runs per task. load average at the start "
              f"{meta['load_start']}. Adaptive widths: verify width:rounds.", "",
              (f"Continuous batching: {meta['serve']} requests per slot, batch = slots; tok/s "
@@ -330,7 +339,7 @@ def main(argv=None):
     meta = dict(date=stamp, git_commit=git_commit(args.git_commit), versions=versions(),
                 device=f"{dev.platform}:{dev.device_kind}", mode=args.mode, shape=args.shape,
                 argv=sys.argv[1:], new_tokens=args.new_tokens, reps=args.reps,
-                serve=args.serve,
+                serve=args.serve, trim_block=args.trim_block,
                 spread=args.spread, budget=args.budget, cost_table=cost_model.path,
                 load_start=[round(x, 1) for x in os.getloadavg()], skipped=[],
                 calibration={})

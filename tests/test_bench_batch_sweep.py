@@ -59,3 +59,25 @@ def test_tiny_continuous_batching_sweep(tmp_path):
     assert [r["method"] for r in rows] == ["ar", "domino-auto"]
     assert all(r["tokens_per_s"] > 0 and r["runs"][0]["refills"] >= 1 for r in rows)
     assert "Continuous batching: 3 requests per slot" in open(path[:-5] + ".md").read()
+
+
+def test_trim_block_reaches_the_chain_drafters_only():
+    """``--trim-block``: the chain methods' drafters trim their block (the arms the adaptive
+    loop derives keep the option); the tree methods and AR are untouched."""
+    from bench_batch_sweep import Models, markdown, parse_args, task_config
+
+    args = parse_args(["--mode", "forced", "--shape", "tiny", "--trim-block",
+                       "--methods", "ar,domino-auto,dflash,ddtree"])
+    models = Models(args)
+    _, none, _ = task_config(models, "ar", 3.0)
+    assert none is None
+    for method in ("domino-auto", "dflash"):
+        _, drafter, _ = task_config(models, method, 3.0)
+        assert drafter.options.trim_block
+    _, tree, _ = task_config(models, "ddtree", 3.0)
+    assert not getattr(tree.options, "trim_block", False)
+    args_off = parse_args(["--mode", "forced", "--shape", "tiny"])
+    assert not args_off.trim_block
+    meta = dict(date="d", device="cpu", mode="forced", shape="tiny", new_tokens=8,
+                git_commit="x", reps=1, load_start=[0], serve=0, trim_block=True)
+    assert "trimmed blocks" in markdown(meta, [])
