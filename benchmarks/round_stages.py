@@ -21,7 +21,14 @@ Beside the times, ``backbone_gflop`` / ``backbone_gflop_all_slots``: XLA's cost 
 the compiled backbone with its last layer over the ``k`` slots the drafts read (what
 ``block_hidden`` runs, ``DFlashBackbone(output_rows=...)``) and over the whole block.
 
+``--trim-block`` also times each ``k`` with ``BlockOptions.trim_block`` (rows ``Kt``: the
+backbone over ``[root, MASK x k]`` only). ``--profile DIR`` traces one whole-round call per
+row (``jax.profiler``, perfetto JSON under ``DIR/<row>``) and stores its top events by summed
+duration (device kernels and host threads; ``bench_util.profile_summary``) as ``profile``.
+
     python benchmarks/round_stages.py --mode forced --shape qwen3-8b --batch 32 --widths 2,4,8,16
+    python benchmarks/round_stages.py --mode forced --shape qwen3-8b --batch 32 --widths 4 \
+        --trim-block --profile /tmp/prof                                             # H200
     python benchmarks/round_stages.py --mode forced --shape tiny --batch 2 --widths 2   # CPU smoke
 """
 
@@ -49,6 +56,10 @@ def parse_args(argv=None):
     p.add_argument("--widths", default="2,4,8,16", help="draft lengths k to time")
     p.add_argument("--rounds", type=int, default=8, help="rounds per whole-round timing")
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--trim-block", action="store_true",
+                   help="also time each k with the block trimmed to the drafts (rows 'Kt')")
+    p.add_argument("--profile", default=None, metavar="DIR",
+                   help="trace one whole-round call per row here; top events into the JSON")
     p.add_argument("--out", default=None, help="write JSON (and .md beside it) here")
     return p.parse_args(argv)
 
@@ -68,8 +79,11 @@ def _timer(reps: int):
     return median_ms
 
 
-def stage_times(models, prompts, k: int, args, median_ms) -> dict:
-    """Median ms of each stage of a fixed ``k``-draft Domino round at ``len(prompts)`` rows."""
+def stage_times(models, prompts, k: int, args, median_ms, trim_block: bool = False,
+                profile_dir: str | None = None) -> dict:
+    """Median ms of each stage of a fixed ``k``-draft Domino round at ``len(prompts)`` rows
+    (``trim_block``: the backbone over the drafts' slots only); with ``profile_dir`` also
+    ``profile``: the top events of a trace of one whole-round call."""
     import jax
 
     from domino_jax.decode import round as round_lib
@@ -77,7 +91,7 @@ def stage_times(models, prompts, k: int, args, median_ms) -> dict:
 
     new_tokens = args.rounds * (k + 1) + 2
     config = DecodeConfig(method="domino", max_new_tokens=new_tokens)
-    drafter = models.make("domino", draft_length=k)
+    drafter = models.make("domino", draft_length=k, trim_block=trim_block)
     prep = _prepare(models.target, models.tp, prompts, config, drafter, models.dp, 0)
     state = prep.prefill_fn(models.tp, models.dp, prep.prompt, prep.prompt_len, prep.key)
     tp, dp, target = models.tp, models.dp, models.target
@@ -112,7 +126,24 @@ def stage_times(models, prompts, k: int, args, median_ms) -> dict:
     times["backbone_gflop"], times["backbone_gflop_all_slots"] = backbone_gflop(
         drafter, tp, dp, state)
     times["sum"] = sum(times[s] for s in ("draft", "verify_forward", "accept", "commit"))
+    if profile_dir:
+        times["profile"] = profile_rounds(prep, tp, dp, state, args, profile_dir)
     return times
+
+
+def profile_rounds(prep, tp, dp, state, args, directory: str) -> list:
+    """Top events of a ``jax.profiler`` trace of one ``args.rounds``-round call (the loop
+    is already compiled by :func:`round_ms`)."""
+    import jax
+    import jax.numpy as jnp
+
+    from bench_util import profile_summary
+
+    copy = jax.tree_util.tree_map(jnp.copy, state)
+    jax.block_until_ready(copy)
+    with jax.profiler.trace(directory, create_perfetto_trace=True):
+        jax.block_until_ready(prep.rounds_fn(tp, dp, copy, jnp.int32(args.rounds)))
+    return profile_summary(directory, top=40)
 
 
 def backbone_gflop(drafter, tp, dp, state) -> tuple[float, float]:
@@ -180,15 +211,21 @@ def main(argv=None):
     ar = ar_time(models, prompts, args)
     rows = {}
     for k in [int(x) for x in args.widths.split(",") if x]:
-        rows[k] = stage_times(models, prompts, k, args, median_ms)
-        print(f"k={k}: " + "  ".join(f"{n} {v:.2f}" for n, v in rows[k].items())
-              + f"  (ar {ar:.2f} ms, dispatch {dispatch:.3f})", flush=True)
+        for trim in (False, True) if args.trim_block else (False,):
+            name = f"{k}t" if trim else str(k)
+            where = os.path.join(args.profile, name) if args.profile else None
+            rows[name] = stage_times(models, prompts, k, args, median_ms, trim, where)
+            print(f"k={name}: " + "  ".join(f"{n} {v:.2f}" for n, v in rows[name].items()
+                                             if n != "profile")
+                  + f"  (ar {ar:.2f} ms, dispatch {dispatch:.3f})", flush=True)
+            for row in rows[name].get("profile", [])[:25]:
+                print(f"  profile k={name}:", *row, flush=True)
     dev = jax.devices()[0]
     meta = dict(date=_dt.datetime.now().strftime("%Y-%m-%d_%H%M%S"), git_commit=git_commit(None),
                 versions=versions(), device=f"{dev.platform}:{dev.device_kind}",
                 argv=sys.argv[1:], batch=args.batch, mode=args.mode, shape=args.shape,
                 ar_ms=ar, dispatch_ms=dispatch, load=[round(x, 1) for x in os.getloadavg()])
-    names = list(next(iter(rows.values())).keys()) if rows else []
+    names = [n for n in next(iter(rows.values())) if n != "profile"] if rows else []
     lines = [f"# Round stages {meta['date']} ({meta['device']}, {args.mode} {args.shape}, batch "
              f"{args.batch}, commit {meta['git_commit']})", "",
              f"`python benchmarks/round_stages.py {' '.join(sys.argv[1:])}`: median ms per "
@@ -200,7 +237,7 @@ def main(argv=None):
     print("\n".join(lines), flush=True)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(dict(meta=meta, stages={str(k): t for k, t in rows.items()}), f, indent=1)
+            json.dump(dict(meta=meta, stages=rows), f, indent=1)
         with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
             f.write("\n".join(lines) + "\n")
 

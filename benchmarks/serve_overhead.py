@@ -89,26 +89,6 @@ def entry_copies(hlo: str) -> dict:
     return dict(count=len(sizes), bytes=sum(sizes), largest=sorted(sizes)[-5:])
 
 
-def profile_summary(directory: str, top: int = 30) -> list:
-    """The ``top`` events of a perfetto trace under ``directory`` by summed duration:
-    ``[us, process, name]`` (host threads and device streams)."""
-    import collections
-    import glob
-    import gzip
-
-    path = sorted(glob.glob(os.path.join(directory, "**", "perfetto_trace.json.gz"),
-                            recursive=True))[-1]
-    trace = json.load(gzip.open(path))
-    events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    process = {e["pid"]: e["args"]["name"] for e in events
-               if e.get("ph") == "M" and e.get("name") == "process_name"}
-    total = collections.Counter()
-    for e in events:
-        if e.get("ph") == "X":
-            total[(process.get(e["pid"], str(e["pid"])), e["name"][:90])] += e.get("dur", 0)
-    return [[round(us, 1), proc, name] for (proc, name), us in total.most_common(top)]
-
-
 def main(argv=None):
     args = parse_args(argv)
     import jax
@@ -116,6 +96,7 @@ def main(argv=None):
     import numpy as np
 
     from bench_batch_sweep import Models
+    import bench_util
     from bench_util import git_commit, random_prompt, versions
     from domino_jax.decode import serving, speculative
     from domino_jax.decode.speculative import DecodeConfig
@@ -210,7 +191,7 @@ def main(argv=None):
         with jax.profiler.trace(args.profile, create_perfetto_trace=True):
             for state in states:
                 jax.block_until_ready(prep.rounds_fn(tp, dp, state, jnp.int32(1), done_limit=0))
-        out["profile_top"] = profile_summary(args.profile)
+        out["profile_top"] = bench_util.profile_summary(args.profile)
         for row in out["profile_top"]:
             print("profile:", *row, flush=True)
     runs = []

@@ -125,13 +125,15 @@ def test_bench_tree_build_tiny(tmp_path):
 @pytest.mark.slow
 def test_round_stages_tiny(tmp_path):
     """benchmarks/round_stages.py on the tiny random pair: every stage timed, JSON and
-    Markdown written, the whole round positive and the stages named."""
+    Markdown written, the whole round positive and the stages named; the trimmed block's
+    row (``--trim-block``) and a trace summary per row (``--profile``)."""
     out = tmp_path / "stages.json"
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     proc = subprocess.run(
         [sys.executable, os.path.join(REPO, "benchmarks", "round_stages.py"), "--mode",
          "forced", "--shape", "tiny", "--batch", "2", "--widths", "2", "--reps", "2",
-         "--rounds", "2", "--prompt-len", "16", "--out", str(out)],
+         "--rounds", "2", "--prompt-len", "16", "--trim-block", "--profile",
+         str(tmp_path / "prof"), "--out", str(out)],
         env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -142,4 +144,11 @@ def test_round_stages_tiny(tmp_path):
     assert report["meta"]["ar_ms"] > 0 and report["meta"]["batch"] == 2
     # 2 of the tiny block's 8 slots in the last layer: fewer flops than the whole block
     assert 0 < stages["backbone_gflop"] < stages["backbone_gflop_all_slots"]
-    assert "| 2 |" in (tmp_path / "stages.md").read_text()
+    # trimmed: the backbone runs over [root, MASK x 2], 3 of the 8 slots, in every layer
+    trimmed = report["stages"]["2t"]
+    assert trimmed["round"] > 0
+    assert trimmed["backbone_gflop_all_slots"] < stages["backbone_gflop_all_slots"]
+    for row in (stages, trimmed):
+        assert row["profile"] and all(len(e) == 3 and e[0] >= 0 for e in row["profile"])
+    md = (tmp_path / "stages.md").read_text()
+    assert "| 2 |" in md and "| 2t |" in md and "| profile" not in md
