@@ -23,8 +23,9 @@ the compiled backbone with its last layer over the ``k`` slots the drafts read (
 
 ``--trim-block`` also times each ``k`` with ``BlockOptions.trim_block`` (rows ``Kt``: the
 backbone over ``[root, MASK x k]`` only). ``--profile DIR`` traces one whole-round call per
-row (``jax.profiler``, perfetto JSON under ``DIR/<row>``) and stores its top events by summed
-duration (device kernels and host threads; ``bench_util.profile_summary``) as ``profile``.
+row and ``--rounds`` backbone calls (``jax.profiler``, perfetto JSON under ``DIR/<row>``) and
+stores their top events by summed duration (device kernels and host threads;
+``bench_util.profile_summary``) as ``profile`` and ``profile_backbone``.
 
     python benchmarks/round_stages.py --mode forced --shape qwen3-8b --batch 32 --widths 2,4,8,16
     python benchmarks/round_stages.py --mode forced --shape qwen3-8b --batch 32 --widths 4 \
@@ -127,22 +128,23 @@ def stage_times(models, prompts, k: int, args, median_ms, trim_block: bool = Fal
         drafter, tp, dp, state)
     times["sum"] = sum(times[s] for s in ("draft", "verify_forward", "accept", "commit"))
     if profile_dir:
-        times["profile"] = profile_rounds(prep, tp, dp, state, args, profile_dir)
+        copy = jax.tree_util.tree_map(jax.numpy.copy, state)
+        times["profile"] = profiled(os.path.join(profile_dir, "round"), lambda: prep.rounds_fn(
+            tp, dp, copy, jax.numpy.int32(args.rounds)))
+        times["profile_backbone"] = profiled(os.path.join(profile_dir, "backbone"), lambda: [
+            backbone(tp, dp, state) for _ in range(args.rounds)])
     return times
 
 
-def profile_rounds(prep, tp, dp, state, args, directory: str) -> list:
-    """Top events of a ``jax.profiler`` trace of one ``args.rounds``-round call (the loop
-    is already compiled by :func:`round_ms`)."""
+def profiled(directory: str, call) -> list:
+    """Top events (``bench_util.profile_summary``) of a ``jax.profiler`` trace of
+    ``call()``, which runs compiled programs only."""
     import jax
-    import jax.numpy as jnp
 
     from bench_util import profile_summary
 
-    copy = jax.tree_util.tree_map(jnp.copy, state)
-    jax.block_until_ready(copy)
     with jax.profiler.trace(directory, create_perfetto_trace=True):
-        jax.block_until_ready(prep.rounds_fn(tp, dp, copy, jnp.int32(args.rounds)))
+        jax.block_until_ready(call())
     return profile_summary(directory, top=40)
 
 
@@ -216,16 +218,17 @@ def main(argv=None):
             where = os.path.join(args.profile, name) if args.profile else None
             rows[name] = stage_times(models, prompts, k, args, median_ms, trim, where)
             print(f"k={name}: " + "  ".join(f"{n} {v:.2f}" for n, v in rows[name].items()
-                                             if n != "profile")
+                                             if not n.startswith("profile"))
                   + f"  (ar {ar:.2f} ms, dispatch {dispatch:.3f})", flush=True)
-            for row in rows[name].get("profile", [])[:25]:
-                print(f"  profile k={name}:", *row, flush=True)
+            for kind in ("profile", "profile_backbone"):
+                for row in rows[name].get(kind, [])[:25]:
+                    print(f"  {kind} k={name}:", *row, flush=True)
     dev = jax.devices()[0]
     meta = dict(date=_dt.datetime.now().strftime("%Y-%m-%d_%H%M%S"), git_commit=git_commit(None),
                 versions=versions(), device=f"{dev.platform}:{dev.device_kind}",
                 argv=sys.argv[1:], batch=args.batch, mode=args.mode, shape=args.shape,
                 ar_ms=ar, dispatch_ms=dispatch, load=[round(x, 1) for x in os.getloadavg()])
-    names = [n for n in next(iter(rows.values())) if n != "profile"] if rows else []
+    names = [n for n in next(iter(rows.values())) if not n.startswith("profile")] if rows else []
     lines = [f"# Round stages {meta['date']} ({meta['device']}, {args.mode} {args.shape}, batch "
              f"{args.batch}, commit {meta['git_commit']})", "",
              f"`python benchmarks/round_stages.py {' '.join(sys.argv[1:])}`: median ms per "

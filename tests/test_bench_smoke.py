@@ -149,6 +149,7 @@ def test_round_stages_tiny(tmp_path):
     assert trimmed["round"] > 0
     assert trimmed["backbone_gflop_all_slots"] < stages["backbone_gflop_all_slots"]
     for row in (stages, trimmed):
-        assert row["profile"] and all(len(e) == 3 and e[0] >= 0 for e in row["profile"])
+        for kind in ("profile", "profile_backbone"):
+            assert row[kind] and all(len(e) == 3 and e[0] >= 0 for e in row[kind])
     md = (tmp_path / "stages.md").read_text()
     assert "| 2 |" in md and "| 2t |" in md and "| profile" not in md
