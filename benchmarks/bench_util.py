@@ -141,24 +141,3 @@ def versions() -> dict:
         except Exception:  # noqa: BLE001
             found[name] = None
     return found
-
-
-def profile_summary(directory: str, top: int = 30) -> list:
-    """The ``top`` events of a perfetto trace under ``directory`` by summed duration:
-    ``[us, process, name]`` (host threads and device streams)."""
-    import collections
-    import glob
-    import gzip
-    import json
-
-    path = sorted(glob.glob(os.path.join(directory, "**", "perfetto_trace.json.gz"),
-                            recursive=True))[-1]
-    trace = json.load(gzip.open(path))
-    events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    process = {e["pid"]: e["args"]["name"] for e in events
-               if e.get("ph") == "M" and e.get("name") == "process_name"}
-    total = collections.Counter()
-    for e in events:
-        if e.get("ph") == "X":
-            total[(process.get(e["pid"], str(e["pid"])), e["name"][:90])] += e.get("dur", 0)
-    return [[round(us, 1), proc, name] for (proc, name), us in total.most_common(top)]

@@ -87,6 +87,51 @@ def summarise_trace(trace: dict, top: int) -> dict:
                     for n, d in ranked[:top]]}
 
 
+def kernel_classes(trace: dict, per: int) -> dict:
+    """Device time per ``per`` (rounds or calls of the traced window), us, by kind of kernel:
+    ``per_layer_products`` / ``per_layer_other`` (kernels that run >= 30 times per ``per``:
+    one per target layer, so the verify's or AR step's layers), ``other_products`` /
+    ``other_fusions`` (the rest: LM heads, the drafter's layers, small fusions), ``memcpy``
+    (device-to-device copies); products are cuBLAS/nvjet/cutlass calls and XLA gemm fusions."""
+    events = trace.get("traceEvents", [])
+    names = {e.get("pid"): e.get("args", {}).get("name", "") for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    device = {pid for pid, n in names.items() if "/device:" in n.lower()}
+    total: dict[str, float] = collections.Counter()
+    count: dict[str, int] = collections.Counter()
+    for e in events:
+        if e.get("ph") == "X" and e.get("pid") in device:
+            total[e["name"]] += float(e["dur"])
+            count[e["name"]] += 1
+    classes: dict[str, float] = collections.Counter()
+    for name, us in total.items():
+        product = any(t in name.lower() for t in ("nvjet", "gemm", "cublas", "cutlass"))
+        if name.startswith("Memcpy"):
+            kind = "memcpy"
+        elif count[name] >= 30 * per:
+            kind = "per_layer_products" if product else "per_layer_other"
+        else:
+            kind = "other_products" if product else "other_fusions"
+        classes[kind] += us / per
+    return {k: round(v, 1) for k, v in sorted(classes.items())}
+
+
+def profile_summary(directory: str, top: int = 30) -> list:
+    """The ``top`` events of a perfetto trace under ``directory`` by summed duration:
+    ``[us, process, name]`` (host threads and device streams)."""
+    path = sorted(glob.glob(os.path.join(directory, "**", "perfetto_trace.json.gz"),
+                            recursive=True))[-1]
+    trace = json.load(gzip.open(path))
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    process = {e["pid"]: e["args"]["name"] for e in events
+               if e.get("ph") == "M" and e.get("name") == "process_name"}
+    total = collections.Counter()
+    for e in events:
+        if e.get("ph") == "X":
+            total[(process.get(e["pid"], str(e["pid"])), e["name"][:90])] += e.get("dur", 0)
+    return [[round(us, 1), proc, name] for (proc, name), us in total.most_common(top)]
+
+
 def load_perfetto(trace_dir: str) -> dict:
     files = sorted(glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
                    + glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"),

@@ -22,14 +22,17 @@ the compiled backbone with its last layer over the ``k`` slots the drafts read (
 ``block_hidden`` runs, ``DFlashBackbone(output_rows=...)``) and over the whole block.
 
 ``--trim-block`` also times each ``k`` with ``BlockOptions.trim_block`` (rows ``Kt``: the
-backbone over ``[root, MASK x k]`` only). ``--profile DIR`` traces one whole-round call per
-row and ``--rounds`` backbone calls (``jax.profiler``, perfetto JSON under ``DIR/<row>``) and
-stores their top events by summed duration (device kernels and host threads;
-``bench_util.profile_summary``) as ``profile`` and ``profile_backbone``.
+backbone over ``[root, MASK x k]`` only). ``--profile DIR`` traces one whole-round call
+(``--rounds`` rounds) and ``--rounds`` backbone calls per row (``jax.profiler``, perfetto JSON
+under ``DIR/<row>/round`` and ``DIR/<row>/backbone``) and stores their summaries as
+``profile`` / ``profile_backbone`` (``profile_decode.py``: device busy time and window, the top
+kernels, and ``classes``: device us per round or call by kind of kernel). ``--from-traces DIR``
+summarises such a folder again without running anything.
 
     python benchmarks/round_stages.py --mode forced --shape qwen3-8b --batch 32 --widths 2,4,8,16
     python benchmarks/round_stages.py --mode forced --shape qwen3-8b --batch 32 --widths 4 \
         --trim-block --profile /tmp/prof                                             # H200
+    python benchmarks/round_stages.py --from-traces benchmarks/results/traces_2026-12-04_185315_b32
     python benchmarks/round_stages.py --mode forced --shape tiny --batch 2 --widths 2   # CPU smoke
 """
 
@@ -61,6 +64,8 @@ def parse_args(argv=None):
                    help="also time each k with the block trimmed to the drafts (rows 'Kt')")
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="trace one whole-round call per row here; top events into the JSON")
+    p.add_argument("--from-traces", default=None, metavar="DIR",
+                   help="no run: summarise the traces a --profile DIR run left (per --rounds)")
     p.add_argument("--out", default=None, help="write JSON (and .md beside it) here")
     return p.parse_args(argv)
 
@@ -130,22 +135,32 @@ def stage_times(models, prompts, k: int, args, median_ms, trim_block: bool = Fal
     if profile_dir:
         copy = jax.tree_util.tree_map(jax.numpy.copy, state)
         times["profile"] = profiled(os.path.join(profile_dir, "round"), lambda: prep.rounds_fn(
-            tp, dp, copy, jax.numpy.int32(args.rounds)))
+            tp, dp, copy, jax.numpy.int32(args.rounds)), args.rounds)
         times["profile_backbone"] = profiled(os.path.join(profile_dir, "backbone"), lambda: [
-            backbone(tp, dp, state) for _ in range(args.rounds)])
+            backbone(tp, dp, state) for _ in range(args.rounds)], args.rounds)
     return times
 
 
-def profiled(directory: str, call) -> list:
-    """Top events (``bench_util.profile_summary``) of a ``jax.profiler`` trace of
-    ``call()``, which runs compiled programs only."""
+def profiled(directory: str, call, per: int) -> dict:
+    """A ``jax.profiler`` trace of ``call()`` (compiled programs only) under ``directory``,
+    summarised (``profile_decode``): device busy time and window, the top kernels, and the
+    device time per ``per`` (rounds or calls) by kind of kernel (``classes``)."""
     import jax
-
-    from bench_util import profile_summary
 
     with jax.profiler.trace(directory, create_perfetto_trace=True):
         jax.block_until_ready(call())
-    return profile_summary(directory, top=40)
+    return trace_summary(directory, per)
+
+
+def trace_summary(directory: str, per: int) -> dict:
+    """``profiled``'s summary of a trace already under ``directory`` (``--from-traces``)."""
+    from profile_decode import kernel_classes, load_perfetto, summarise_trace
+
+    trace = load_perfetto(directory)
+    summary = summarise_trace(trace, top=20)
+    summary["classes"] = kernel_classes(trace, per)
+    summary["per"] = per
+    return summary
 
 
 def backbone_gflop(drafter, tp, dp, state) -> tuple[float, float]:
@@ -197,8 +212,36 @@ def ar_time(models, prompts, args) -> float:
     return round_ms(prep, models.tp, None, state, args)
 
 
+def summary_line(summary: dict) -> str:
+    """One line of a trace summary: busy and window per round/call, the classes."""
+    per = summary.get("per", 1)
+    if not summary.get("kernels"):
+        return f"no {summary.get('source', 'device')} kernels"
+    return (f"busy {summary['busy_us'] / per:.1f} us of {summary['window_us'] / per:.1f} per "
+            f"round/call ({summary['source']}); " + ", ".join(
+                f"{k} {v:.1f}" for k, v in summary["classes"].items()))
+
+
+def from_traces(directory: str, per: int) -> dict:
+    """Summaries of the traces a ``--profile DIR`` run left (``DIR/<row>/<round|backbone>``)."""
+    out = {}
+    for row in sorted(os.listdir(directory)):
+        for kind, key in (("round", "profile"), ("backbone", "profile_backbone")):
+            where = os.path.join(directory, row, kind)
+            if os.path.isdir(where):
+                out.setdefault(row, {})[key] = trace_summary(where, per)
+                print(f"k={row} {key}: {summary_line(out[row][key])}", flush=True)
+    return out
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.from_traces:
+        out = from_traces(args.from_traces, args.rounds)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(out, f, indent=1)
+        return
     import jax
     import jax.numpy as jnp
 
@@ -221,8 +264,8 @@ def main(argv=None):
                                              if not n.startswith("profile"))
                   + f"  (ar {ar:.2f} ms, dispatch {dispatch:.3f})", flush=True)
             for kind in ("profile", "profile_backbone"):
-                for row in rows[name].get(kind, [])[:25]:
-                    print(f"  {kind} k={name}:", *row, flush=True)
+                if kind in rows[name]:
+                    print(f"  {kind} k={name}: {summary_line(rows[name][kind])}", flush=True)
     dev = jax.devices()[0]
     meta = dict(date=_dt.datetime.now().strftime("%Y-%m-%d_%H%M%S"), git_commit=git_commit(None),
                 versions=versions(), device=f"{dev.platform}:{dev.device_kind}",

@@ -96,8 +96,8 @@ def main(argv=None):
     import numpy as np
 
     from bench_batch_sweep import Models
-    import bench_util
     from bench_util import git_commit, random_prompt, versions
+    from profile_decode import profile_summary
     from domino_jax.decode import serving, speculative
     from domino_jax.decode.speculative import DecodeConfig
     from domino_jax.decode.verify import ForcedAcceptance
@@ -191,7 +191,7 @@ def main(argv=None):
         with jax.profiler.trace(args.profile, create_perfetto_trace=True):
             for state in states:
                 jax.block_until_ready(prep.rounds_fn(tp, dp, state, jnp.int32(1), done_limit=0))
-        out["profile_top"] = bench_util.profile_summary(args.profile)
+        out["profile_top"] = profile_summary(args.profile)
         for row in out["profile_top"]:
             print("profile:", *row, flush=True)
     runs = []

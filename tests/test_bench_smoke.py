@@ -148,8 +148,34 @@ def test_round_stages_tiny(tmp_path):
     trimmed = report["stages"]["2t"]
     assert trimmed["round"] > 0
     assert trimmed["backbone_gflop_all_slots"] < stages["backbone_gflop_all_slots"]
-    for row in (stages, trimmed):
+    for row in (stages, trimmed):        # the CPU has no device kernels: host events
         for kind in ("profile", "profile_backbone"):
-            assert row[kind] and all(len(e) == 3 and e[0] >= 0 for e in row[kind])
+            assert row[kind]["source"] == "host" and row[kind]["kernels"] > 0, row[kind]
+            assert row[kind]["per"] == 2 and row[kind]["classes"] == {}
     md = (tmp_path / "stages.md").read_text()
     assert "| 2 |" in md and "| 2t |" in md and "| profile" not in md
+    again = tmp_path / "again.json"          # --from-traces: the same folders, summarised again
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "benchmarks", "round_stages.py"), "--from-traces",
+         str(tmp_path / "prof"), "--rounds", "2", "--out", str(again)],
+        env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(json.loads(again.read_text())) == ["2", "2t"]
+
+
+def test_kernel_classes_of_a_synthetic_trace():
+    """profile_decode.kernel_classes: device events only, per-layer kernels by count, products
+    by name, memcpy apart, all per round."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    from profile_decode import kernel_classes
+
+    meta = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+            {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}}]
+    def x(pid, name, dur, n):
+        return [{"ph": "X", "pid": pid, "name": name, "ts": i, "dur": dur} for i in range(n)]
+    events = (meta + x(1, "nvjet_gemm_a", 10.0, 72) + x(1, "fusion_7", 2.0, 60)
+              + x(1, "gemm_fusion_dot_3", 5.0, 4) + x(1, "loop_add_fusion", 1.0, 6)
+              + x(1, "MemcpyD2D", 3.0, 8) + x(2, "nvjet_host_side", 100.0, 90))
+    got = kernel_classes({"traceEvents": events}, per=2)
+    assert got == {"memcpy": 12.0, "other_fusions": 3.0, "other_products": 10.0,
+                   "per_layer_other": 60.0, "per_layer_products": 360.0}
