@@ -59,18 +59,29 @@ def _intervals_busy(intervals: list[tuple[float, float]]) -> float:
     return busy
 
 
-def summarise_trace(trace: dict, top: int) -> dict:
-    """Device-side kernel events of a Perfetto/Chrome trace (``traceEvents`` with ``ph: X``,
-    ``ts``/``dur`` in us). Device threads are the processes whose name mentions a GPU/TPU
-    device; without any, the host's XLA events are used."""
+def _process_names(events: list) -> dict:
+    """``pid -> process name`` from a trace's metadata events."""
+    return {e.get("pid"): e.get("args", {}).get("name", "") for e in events
+            if e.get("ph") == "M" and e.get("name") == "process_name"}
+
+
+def device_events(trace: dict) -> tuple[list, str]:
+    """The complete (``ph: X``) events of the processes whose name mentions a GPU/TPU device,
+    and ``"device"``; without any such process, every complete event and ``"host"``."""
     events = trace.get("traceEvents", [])
-    names = {e.get("pid"): e.get("args", {}).get("name", "") for e in events
-             if e.get("ph") == "M" and e.get("name") == "process_name"}
-    device_pids = {pid for pid, n in names.items()
+    device_pids = {pid for pid, n in _process_names(events).items()
                    if any(t in n.lower() for t in ("/device:gpu", "/device:tpu", "gpu:", "stream"))}
     complete = [e for e in events if e.get("ph") == "X" and "dur" in e]
-    kernels = [e for e in complete if e.get("pid") in device_pids] if device_pids else complete
-    source = "device" if device_pids else "host"
+    if device_pids:
+        return [e for e in complete if e.get("pid") in device_pids], "device"
+    return complete, "host"
+
+
+def summarise_trace(trace: dict, top: int) -> dict:
+    """Device-side kernel events of a Perfetto/Chrome trace (``traceEvents`` with ``ph: X``,
+    ``ts``/``dur`` in us; :func:`device_events`: without device processes, the host's XLA
+    events are used)."""
+    kernels, source = device_events(trace)
     if not kernels:
         return {"source": source, "kernels": 0}
     spans = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in kernels]
@@ -92,17 +103,16 @@ def kernel_classes(trace: dict, per: int) -> dict:
     ``per_layer_products`` / ``per_layer_other`` (kernels that run >= 30 times per ``per``:
     one per target layer, so the verify's or AR step's layers), ``other_products`` /
     ``other_fusions`` (the rest: LM heads, the drafter's layers, small fusions), ``memcpy``
-    (device-to-device copies); products are cuBLAS/nvjet/cutlass calls and XLA gemm fusions."""
-    events = trace.get("traceEvents", [])
-    names = {e.get("pid"): e.get("args", {}).get("name", "") for e in events
-             if e.get("ph") == "M" and e.get("name") == "process_name"}
-    device = {pid for pid, n in names.items() if "/device:" in n.lower()}
+    (device-to-device copies); products are cuBLAS/nvjet/cutlass calls and XLA gemm fusions.
+    A trace without device processes (the CPU) gives ``{}``."""
+    kernels, source = device_events(trace)
+    if source != "device":
+        return {}
     total: dict[str, float] = collections.Counter()
     count: dict[str, int] = collections.Counter()
-    for e in events:
-        if e.get("ph") == "X" and e.get("pid") in device:
-            total[e["name"]] += float(e["dur"])
-            count[e["name"]] += 1
+    for e in kernels:
+        total[e["name"]] += float(e["dur"])
+        count[e["name"]] += 1
     classes: dict[str, float] = collections.Counter()
     for name, us in total.items():
         product = any(t in name.lower() for t in ("nvjet", "gemm", "cublas", "cutlass"))
@@ -117,14 +127,10 @@ def kernel_classes(trace: dict, per: int) -> dict:
 
 
 def profile_summary(directory: str, top: int = 30) -> list:
-    """The ``top`` events of a perfetto trace under ``directory`` by summed duration:
-    ``[us, process, name]`` (host threads and device streams)."""
-    path = sorted(glob.glob(os.path.join(directory, "**", "perfetto_trace.json.gz"),
-                            recursive=True))[-1]
-    trace = json.load(gzip.open(path))
-    events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    process = {e["pid"]: e["args"]["name"] for e in events
-               if e.get("ph") == "M" and e.get("name") == "process_name"}
+    """The ``top`` events of the trace under ``directory`` (:func:`load_perfetto`) by summed
+    duration, every process: ``[us, process, name]`` (host threads and device streams)."""
+    events = load_perfetto(directory).get("traceEvents", [])
+    process = _process_names(events)
     total = collections.Counter()
     for e in events:
         if e.get("ph") == "X":

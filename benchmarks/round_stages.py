@@ -63,7 +63,8 @@ def parse_args(argv=None):
     p.add_argument("--trim-block", action="store_true",
                    help="also time each k with the block trimmed to the drafts (rows 'Kt')")
     p.add_argument("--profile", default=None, metavar="DIR",
-                   help="trace one whole-round call per row here; top events into the JSON")
+                   help="trace one whole-round call and the backbone calls per row here; their "
+                        "summaries into the JSON")
     p.add_argument("--from-traces", default=None, metavar="DIR",
                    help="no run: summarise the traces a --profile DIR run left (per --rounds)")
     p.add_argument("--out", default=None, help="write JSON (and .md beside it) here")
@@ -89,7 +90,8 @@ def stage_times(models, prompts, k: int, args, median_ms, trim_block: bool = Fal
                 profile_dir: str | None = None) -> dict:
     """Median ms of each stage of a fixed ``k``-draft Domino round at ``len(prompts)`` rows
     (``trim_block``: the backbone over the drafts' slots only); with ``profile_dir`` also
-    ``profile``: the top events of a trace of one whole-round call."""
+    ``profile`` / ``profile_backbone``: :func:`profiled` summaries of one whole-round call
+    and of ``args.rounds`` backbone calls."""
     import jax
 
     from domino_jax.decode import round as round_lib
