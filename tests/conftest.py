@@ -12,7 +12,25 @@ import re
 import tempfile
 import zlib
 
+# The tests' programs are tiny, so XLA's CPU compile (LLVM optimisation) is most of their time:
+# compile without the expensive LLVM passes (~30% less time for the suite; the numerics are
+# XLA's own either way: fast-math stays off). DOMINO_TEST_XLA_OPT=1 keeps XLA's defaults.
+# Set before jax is imported, so every test process and its subprocesses (the CLI tests) use it.
+if os.environ.get("DOMINO_TEST_XLA_OPT", "0") != "1":
+    os.environ["XLA_FLAGS"] = " ".join(filter(None, (
+        "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
+        os.environ.get("XLA_FLAGS", ""))))
+
 import jax
+
+# DOMINO_TEST_COMPILE_CACHE=DIR: JAX's persistent compilation cache in DIR, shared by the test
+# processes (``./dev test`` gives its processes one fresh folder: the same tiny programs are
+# compiled in many test files). Keyed by the whole program and the compile options, so a hit
+# runs exactly what a compile would have built. Unset: no persistent cache.
+if os.environ.get("DOMINO_TEST_COMPILE_CACHE"):
+    jax.config.update("jax_compilation_cache_dir", os.environ["DOMINO_TEST_COMPILE_CACHE"])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 jax.config.update("jax_default_matmul_precision", "highest")
 jax.config.update("jax_platforms", "cpu")
