@@ -27,6 +27,9 @@ import jax
 # processes (``./dev test`` gives its processes one fresh folder: the same tiny programs are
 # compiled in many test files). Keyed by the whole program and the compile options, so a hit
 # runs exactly what a compile would have built. Unset: no persistent cache.
+# The CLI's own persistent cache (domino_jax/compile_cache.py) stays off in the tests and the
+# CLI subprocesses they start: nothing is written under ~/.cache.
+os.environ.setdefault("DOMINO_JAX_COMPILE_CACHE", "off")
 if os.environ.get("DOMINO_TEST_COMPILE_CACHE"):
     jax.config.update("jax_compilation_cache_dir", os.environ["DOMINO_TEST_COMPILE_CACHE"])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)

@@ -164,6 +164,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stream-rounds", type=int, default=8,
                    help="stream committed tokens every N rounds (batch 1; a progress bar for "
                         "batches; 0 = neither)")
+    p.add_argument("--compile-cache", default=None, metavar="DIR|off",
+                   help="JAX's persistent compilation cache: compiled programs kept on disk "
+                        "for the next run with the same shapes (default "
+                        "$DOMINO_JAX_COMPILE_CACHE, else ~/.cache/domino_jax/xla; 'off' = "
+                        "none; a cache set by JAX_COMPILATION_CACHE_DIR is kept)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (outputs, per-method stats) on stdout instead "
                         "of the text and the summary table")
@@ -246,6 +251,7 @@ def _run(args) -> int:
     import jax
     import jax.numpy as jnp
 
+    from domino_jax.compile_cache import enable_compile_cache
     from domino_jax.decode.adaptive import AdaptiveConfig
     from domino_jax.decode.cost_model import CostModel
     from domino_jax.decode.loading import (default_models, encode_prompt, load_pair,
@@ -256,6 +262,7 @@ def _run(args) -> int:
     from domino_jax.decode.sampling import SamplingConfig
     from domino_jax.decode.speculative import DecodeConfig
 
+    enable_compile_cache(args.compile_cache)
     target_dir, draft_dir = default_models(args.target, args.draft)
     if args.compare_ar is None:
         args.compare_ar = args.target is None     # the demo shows tau and the speedup
