@@ -272,12 +272,14 @@ def main(argv=None):
     meta = dict(date=_dt.datetime.now().strftime("%Y-%m-%d_%H%M%S"), git_commit=git_commit(None),
                 versions=versions(), device=f"{dev.platform}:{dev.device_kind}",
                 argv=sys.argv[1:], batch=args.batch, mode=args.mode, shape=args.shape,
-                ar_ms=ar, dispatch_ms=dispatch, load=[round(x, 1) for x in os.getloadavg()])
+                ar_ms=ar, dispatch_ms=dispatch, load=[round(x, 1) for x in os.getloadavg()],
+                xla_flags=os.environ.get("XLA_FLAGS", ""))
     names = [n for n in next(iter(rows.values())) if not n.startswith("profile")] if rows else []
     lines = [f"# Round stages {meta['date']} ({meta['device']}, {args.mode} {args.shape}, batch "
              f"{args.batch}, commit {meta['git_commit']})", "",
              f"`python benchmarks/round_stages.py {' '.join(sys.argv[1:])}`: median ms per "
-             f"jitted call; AR round {ar:.2f} ms; empty call {dispatch:.3f} ms.", "",
+             f"jitted call; AR round {ar:.2f} ms; empty call {dispatch:.3f} ms; XLA_FLAGS "
+             f"`{meta['xla_flags'] or '(none)'}`.", "",
              "| k | " + " | ".join(names) + " | round / AR |",
              "|---|" + "---|" * (len(names) + 1)]
     lines += [f"| {k} | " + " | ".join(f"{t[n]:.2f}" for n in names)

@@ -128,7 +128,8 @@ def test_round_stages_tiny(tmp_path):
     Markdown written, the whole round positive and the stages named; the trimmed block's
     row (``--trim-block``) and a trace summary per row (``--profile``)."""
     out = tmp_path / "stages.json"
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    flags = (os.environ.get("XLA_FLAGS", "") + " --xla_llvm_disable_expensive_passes=true")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=flags.strip())
     proc = subprocess.run(
         [sys.executable, os.path.join(REPO, "benchmarks", "round_stages.py"), "--mode",
          "forced", "--shape", "tiny", "--batch", "2", "--widths", "2", "--reps", "2",
@@ -142,6 +143,10 @@ def test_round_stages_tiny(tmp_path):
                  "commit", "round"):
         assert stages[name] > 0, name
     assert report["meta"]["ar_ms"] > 0 and report["meta"]["batch"] == 2
+    # the run's XLA_FLAGS are recorded as the process ran with them (a flag sweep runs one
+    # process per value; importing domino_jax appends its copy-insertion flags, NOTES 21)
+    assert report["meta"]["xla_flags"].startswith(env["XLA_FLAGS"])
+    assert report["meta"]["xla_flags"] in (tmp_path / "stages.md").read_text()
     # 2 of the tiny block's 8 slots in the last layer: fewer flops than the whole block
     assert 0 < stages["backbone_gflop"] < stages["backbone_gflop_all_slots"]
     # trimmed: the backbone runs over [root, MASK x 2], 3 of the 8 slots, in every layer
