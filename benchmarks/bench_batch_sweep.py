@@ -23,7 +23,9 @@ what the lookup predicts of the random model), ``dflash`` / ``domino`` (16 draft
 with adaptive widths (``decode/adaptive.py``: chains 0/2/4/8/16 drafts, trees budgets
 0/4/8/16; the cost table is calibrated on first use, excluded from the timings, in
 ``--cost-table``); ``dflash-auto+lookup`` / ``domino-auto+lookup``: adaptive with the
-prompt-lookup arms too (``--adaptive-lookup on``, ``decode/lookup_arm.py``).
+prompt-lookup arms too (``--adaptive-lookup on``, ``decode/lookup_arm.py``);
+``dflash@N`` / ``domino@N``: the chain drafter at a fixed ``N`` drafts a round
+(``--draft-length N``), e.g. to compare the adaptive policy with the width it settles on.
 
 Per batch every task is compiled and run once untimed (warm-up; the adaptive runs' cost
 calibration), then timed ``--reps`` times, the tasks interleaved rep by rep (AR first); reported: decode tokens/s over the batch (medians), ms per
@@ -72,6 +74,18 @@ def split_method(method: str) -> tuple[str, bool, bool]:
     return base, method.endswith("-auto"), False
 
 
+def fixed_width(method: str) -> tuple[str, int]:
+    """``("domino@4") -> ("domino", 4)``: a chain method at a fixed draft length
+    (``--draft-length N``); any other entry comes back with width 0 (the method's default)."""
+    base, sep, width = method.partition("@")
+    if not sep:
+        return method, 0
+    if base not in CHAIN or not width.isdigit() or int(width) < 1:
+        raise ValueError(f"bad fixed width {method!r} in --methods: <chain>@N with N >= 1 "
+                         f"and chain one of {', '.join(CHAIN)}")
+    return base, int(width)
+
+
 def log(msg: str) -> None:
     print(f"[{time.perf_counter() - T0:7.1f}s] {msg}", flush=True)
 
@@ -112,7 +126,7 @@ def parse_args(argv=None):
     args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in args.methods:
         try:
-            split_method(m)
+            split_method(fixed_width(m)[0])
         except ValueError as e:
             p.error(str(e))
     return args
@@ -209,6 +223,7 @@ def task_config(models, method: str, tau):
     from domino_jax.decode.lookup_arm import DEFAULT_LOOKUP_ARMS
 
     args = models.args
+    method, width = fixed_width(method)
     base, auto, lookup = split_method(method)
     forced = (ForcedAcceptance(tau, width=16, spread=args.spread)
               if tau is not None and base not in ("ar", "ngram") else None)
@@ -221,6 +236,8 @@ def task_config(models, method: str, tau):
     options = dict(budget=args.budget) if base in TREE else {}
     if args.trim_block and base in CHAIN:
         options["trim_block"] = True
+    if width:
+        options["draft_length"] = width
     return config, models.make(base, **options), models.dp
 
 

@@ -15,7 +15,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
-from bench_batch_sweep import split_method  # noqa: E402
+from bench_batch_sweep import fixed_width, split_method  # noqa: E402
 
 
 def test_method_names():
@@ -26,6 +26,27 @@ def test_method_names():
     for bad in ("ddtree-auto+lookup", "ngram-auto", "medusa"):
         with pytest.raises(ValueError, match="unknown method"):
             split_method(bad)
+
+
+def test_fixed_width_names():
+    assert fixed_width("domino@4") == ("domino", 4)
+    assert fixed_width("dflash@16") == ("dflash", 16)
+    assert fixed_width("domino-auto") == ("domino-auto", 0)
+    for bad in ("ddtree@4", "domino@0", "domino@x", "domino-auto@4"):
+        with pytest.raises(ValueError, match="bad fixed width"):
+            fixed_width(bad)
+
+
+def test_fixed_width_reaches_the_drafter():
+    """``domino@2``: the drafter proposes 2 drafts a round; the label stays ``domino@2``."""
+    from bench_batch_sweep import Models, parse_args, task_config
+
+    args = parse_args(["--mode", "forced", "--shape", "tiny", "--methods", "ar,domino@2"])
+    assert args.methods == ["ar", "domino@2"]
+    config, drafter, _ = task_config(Models(args), "domino@2", 3.0)
+    assert drafter.options.draft_length == 2 and config.adaptive is None
+    with pytest.raises(SystemExit):
+        parse_args(["--methods", "ar,domino@0"])
 
 
 def _tiny_sweep(tmp_path, methods: str, *extra: str):
