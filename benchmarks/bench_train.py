@@ -61,6 +61,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="sequences per step (default: smollm2 8, qwen3-8b 2; tiny 2)")
     p.add_argument("--num-anchors", type=int, default=None, help="default 256 (tiny 8)")
     p.add_argument("--labels", default="hard", choices=("hard", "soft", "mix"))
+    p.add_argument("--loss-chunk-rows", default="4096",
+                   help="comma list: block slots per vocabulary chunk of the loss, each "
+                        "timed (0 = the whole [rows, V] logits at once)")
+    p.add_argument("--micro-batches", type=int, default=1, help="gradient accumulation")
     p.add_argument("--steps", type=int, default=5, help="timed steps per shape")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--dtype", default=None, help="compute dtype (default bfloat16; tiny float32)")
@@ -97,7 +101,7 @@ def shape_specs(tiny: bool) -> dict:
                                         emb_dim=256, mask_token_id=151669), 2)}
 
 
-def settings(args, name: str):
+def settings(args, name: str, chunk_rows: int = 4096):
     """``(target_config, draft_config, TrainConfig, seq_len)`` of one shape."""
     from domino_jax.train.config import TrainConfig, make_draft_config
 
@@ -110,7 +114,8 @@ def settings(args, name: str):
     cfg = TrainConfig(drafter="domino", steps=1000, batch_size=args.batch_size or batch,
                       max_length=seq_len, num_anchors=args.num_anchors or (8 if args.tiny else 256),
                       compute_dtype=args.dtype or ("float32" if args.tiny else "bfloat16"),
-                      labels=args.labels)
+                      labels=args.labels, loss_chunk_rows=chunk_rows,
+                      micro_batches=args.micro_batches)
     return target, draft, cfg, seq_len
 
 
@@ -156,7 +161,7 @@ def measure_peaks(dtype: str) -> tuple[float, float]:
 
 # --------------------------------------------------------------------------- one shape
 
-def measure_shape(args, name: str, peak: float, bandwidth: float) -> dict:
+def measure_shape(args, name: str, peak: float, bandwidth: float, chunk_rows: int) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -169,9 +174,10 @@ def measure_shape(args, name: str, peak: float, bandwidth: float) -> dict:
     from domino_jax.train.step import (compile_step, init_state, make_train_mesh,
                                        make_train_step, model_flops, place, shard_batch)
 
-    target_cfg, draft, cfg, seq_len = settings(args, name)
+    target_cfg, draft, cfg, seq_len = settings(args, name, chunk_rows)
     compute = jnp.dtype(cfg.compute_dtype)
     entry = {"shape": name, "seq_len": seq_len, "batch_size": cfg.batch_size,
+             "loss_chunk_rows": cfg.loss_chunk_rows, "micro_batches": cfg.micro_batches,
              "num_anchors": cfg.num_anchors, "compute_dtype": cfg.compute_dtype,
              "labels": cfg.labels, "target": _geometry(target_cfg),
              "drafter": {"num_layers": draft.num_layers, "block_size": draft.block_size,
@@ -190,7 +196,7 @@ def measure_shape(args, name: str, peak: float, bandwidth: float) -> dict:
     jax.block_until_ready((state, tparams))
     entry["init_s"] = time.perf_counter() - t0
     rng = np.random.default_rng(0)
-    shape = (1, cfg.batch_size, seq_len)
+    shape = (cfg.micro_batches, cfg.micro_batch_size, seq_len)
     batch = shard_batch({"input_ids": rng.integers(0, target_cfg.vocab_size, shape, np.int32),
                          "loss_mask": np.ones(shape, np.int32)}, mesh)
     t0 = time.perf_counter()
@@ -229,7 +235,8 @@ def _geometry(t) -> dict:
 
 def summary_line(e: dict) -> str:
     """The line the test reads: measured MFU beside the predicted one."""
-    return (f"{e['shape']}: step {e['step_ms']:.1f} ms, {e['tokens_per_second']:,.0f} tokens/s "
+    return (f"{e['shape']} (loss chunk {e.get('loss_chunk_rows', 0)} rows): "
+            f"step {e['step_ms']:.1f} ms, {e['tokens_per_second']:,.0f} tokens/s "
             f"({e['draft_rows_per_second']:,.0f} draft rows/s), MFU {100 * e['mfu']:.1f}% "
             f"(predicted {100 * e['predicted_mfu']:.1f}%: roofline step "
             f"{e['predicted_step_ms']:.1f} ms; measured/predicted "
@@ -269,17 +276,18 @@ def write_report(results: dict, stem: str) -> None:
              "`domino_jax/train/cost.py`) / median step time / peak. Predicted = the roofline "
              "sum over parts of max(FLOPs / peak, bytes / bandwidth): a lower bound on the step "
              "time, an upper bound on MFU.", "",
-             "| shape | batch x seq | anchors | labels | step ms | tokens/s | draft rows/s | MFU "
+             "| shape | batch x seq | anchors | labels | loss chunk rows | step ms | tokens/s | draft rows/s | MFU "
              "| predicted MFU | predicted step ms | measured / predicted | compile s | peak GB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for e in results["shapes"]:
         if "error" in e:
-            lines.append(f"| {e['shape']} | error: {e['error']} |" + " |" * 11)
+            lines.append(f"| {e['shape']} | error: {e['error']} |" + " |" * 12)
             continue
         peak = e.get("peak_bytes")
         lines.append(
             f"| {e['shape']} | {e['batch_size']} x {e['seq_len']} | {e['num_anchors']} | "
-            f"{e['labels']} | {e['step_ms']:.1f} | {e['tokens_per_second']:,.0f} | "
+            f"{e['labels']} | {e.get('loss_chunk_rows', 0)} | {e['step_ms']:.1f} | "
+            f"{e['tokens_per_second']:,.0f} | "
             f"{e['draft_rows_per_second']:,.0f} | {100 * e['mfu']:.1f}% | "
             f"{100 * e['predicted_mfu']:.1f}% | {e['predicted_step_ms']:.1f} | "
             f"{e['measured_over_predicted']:.2f} | {e['compile_s']:.1f} | "
@@ -332,16 +340,19 @@ def main(argv=None) -> None:
                "shapes": []}
     log(f"device {kind}; peaks {peak / 1e12:.2f} TFLOP/s, {bandwidth / 1e9:.1f} GB/s "
         f"({peaks_from})")
+    chunks = [int(c) for c in str(args.loss_chunk_rows).split(",") if c != ""]
     for name in names:
-        try:
-            entry = measure_shape(args, name, peak, bandwidth)
-            print(summary_line(entry), flush=True)
-            print("\n".join(prediction_lines(name, entry["predicted"])), flush=True)
-        except Exception as e:  # noqa: BLE001  (record it, go on with the next shape)
-            log(f"ERROR in {name}: {e!r}\n{traceback.format_exc()}")
-            entry = {"shape": name, "error": repr(e)[:500], "traceback": traceback.format_exc()[-4000:]}
-        results["shapes"].append(entry)
-        write_report(results, stem)
+        for chunk_rows in chunks:
+            try:
+                entry = measure_shape(args, name, peak, bandwidth, chunk_rows)
+                print(summary_line(entry), flush=True)
+                print("\n".join(prediction_lines(name, entry["predicted"])), flush=True)
+            except Exception as e:  # noqa: BLE001  (record it, go on with the next shape)
+                log(f"ERROR in {name}: {e!r}\n{traceback.format_exc()}")
+                entry = {"shape": name, "loss_chunk_rows": chunk_rows, "error": repr(e)[:500],
+                         "traceback": traceback.format_exc()[-4000:]}
+            results["shapes"].append(entry)
+            write_report(results, stem)
     log(f"wrote {stem}.json / .md")
 
 

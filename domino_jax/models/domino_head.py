@@ -264,14 +264,32 @@ def _split_w1(params: HeadParams, hidden_size: int):
 # --------------------------------------------------------------------------- correction
 
 
-def correction(head: Head, draft_hidden: jax.Array, gru_state: jax.Array) -> jax.Array:
-    """``Δ = W2 · silu(W1 · [z ; s])``: ``draft_hidden [..., H]``, ``gru_state [..., G]`` ->
-    float32 ``[..., V]``."""
+def correction_features(head: Head, draft_hidden: jax.Array, gru_state: jax.Array) -> jax.Array:
+    """``silu(W1 · [z ; s])``: ``draft_hidden [..., H]``, ``gru_state [..., G]`` -> ``[..., E]``
+    in ``draft_hidden.dtype`` (the input of the correction's ``[E, V]`` projection)."""
     params = plain_params(head)
     w1_z, w1_s = _split_w1(params, draft_hidden.shape[-1])
     pre = _matmul(draft_hidden, w1_z) + _matmul(gru_state.astype(draft_hidden.dtype), w1_s)
-    act = jax.nn.silu(pre).astype(draft_hidden.dtype)
-    return _matmul(act, params["embed_proj_2"]["kernel"])
+    return jax.nn.silu(pre).astype(draft_hidden.dtype)
+
+
+def correction(head: Head, draft_hidden: jax.Array, gru_state: jax.Array) -> jax.Array:
+    """``Δ = W2 · silu(W1 · [z ; s])``: ``draft_hidden [..., H]``, ``gru_state [..., G]`` ->
+    float32 ``[..., V]``."""
+    act = correction_features(head, draft_hidden, gru_state)
+    return _matmul(act, plain_params(head)["embed_proj_2"]["kernel"])
+
+
+def teacher_forced_features(head: Head, config: DraftConfig, draft_hidden: jax.Array,
+                            prev_token_embeds: jax.Array) -> jax.Array:
+    """The teacher-forced correction features ``[N, Bk, E]`` (block-slot indexing; see
+    :func:`teacher_forced_logits`): slot ``k``'s ``silu(W1 · [z_k ; g])`` with ``g`` the GRU
+    state after ``x_a..x_{a+k}`` (``shift_label``) or after ``x_a..x_{a+k-1}`` (otherwise).
+    Its correction is ``features @ embed_proj_2`` on slots ``>= suffix_start``."""
+    states = gru_states(head, prev_token_embeds.astype(draft_hidden.dtype))  # [N, Bk, G]
+    if not config.shift_label:                # slot k uses the state before input k
+        states = jnp.concatenate([jnp.zeros_like(states[:, :1]), states[:, :-1]], axis=1)
+    return correction_features(head, draft_hidden, states)
 
 
 def teacher_forced_logits(head: Head, config: DraftConfig,
@@ -289,10 +307,8 @@ def teacher_forced_logits(head: Head, config: DraftConfig,
       ``base + Δ(z_k, g)`` with ``g`` = GRU state after ``x_a..x_{a+k}`` (``shift_label``) or
       after ``x_a..x_{a+k-1}`` (otherwise).
     """
-    states = gru_states(head, prev_token_embeds.astype(draft_hidden.dtype))  # [N, Bk, G]
-    if not config.shift_label:                # slot k uses the state before input k
-        states = jnp.concatenate([jnp.zeros_like(states[:, :1]), states[:, :-1]], axis=1)
-    delta = correction(head, draft_hidden, states)
+    act = teacher_forced_features(head, config, draft_hidden, prev_token_embeds)
+    delta = _matmul(act, plain_params(head)["embed_proj_2"]["kernel"])
     slots = jnp.arange(base_logits.shape[1])[None, :, None]
     base = base_logits.astype(jnp.float32)
     return jnp.where(slots >= config.suffix_start, base + delta, base)

@@ -53,6 +53,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--micro-batches", type=int, default=1, help="gradient accumulation")
     p.add_argument("--max-length", type=int, default=512)
     p.add_argument("--num-anchors", type=int, default=64)
+    p.add_argument("--loss-chunk-rows", type=int, default=4096,
+                   help="block slots per vocabulary chunk of the loss: the [rows, V] logits "
+                        "are never stored whole (0 = one piece)")
     p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument("--warmup-ratio", type=float, default=0.04)
     p.add_argument("--weight-decay", type=float, default=0.0)
@@ -211,7 +214,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     data, fsdp, tensor = (int(x) for x in args.mesh.split(","))
     cfg = TrainConfig(drafter=args.drafter, steps=args.steps, batch_size=args.batch_size,
                       micro_batches=args.micro_batches, max_length=args.max_length,
-                      num_anchors=args.num_anchors, lr=args.lr, warmup_ratio=args.warmup_ratio,
+                      num_anchors=args.num_anchors, loss_chunk_rows=args.loss_chunk_rows,
+                      lr=args.lr, warmup_ratio=args.warmup_ratio,
                       weight_decay=args.weight_decay, grad_clip=args.grad_clip,
                       gamma=args.gamma, lambda_start=args.lambda_start,
                       decay_ratio=args.decay_ratio, seed=args.seed, compute_dtype=args.dtype,

@@ -31,7 +31,8 @@ CHECKPOINTS, BEST = "checkpoints", "best"
 TRAIN_CONFIG = "train_config.json"
 # settings a resumed run may change without changing what it computes (init_draft: the
 # initial weights, which the checkpoint replaces)
-RESUMABLE_CHANGES = frozenset({"log_every", "checkpoint_every", "peak_flops", "init_draft"})
+RESUMABLE_CHANGES = frozenset({"log_every", "checkpoint_every", "peak_flops", "init_draft",
+                               "loss_chunk_rows"})
 
 
 class RunError(ValueError):

@@ -42,6 +42,7 @@ class TrainConfig:
     micro_batches: int = 1
     max_length: int = 512
     num_anchors: int = 64
+    loss_chunk_rows: int = 4096          # block slots per vocabulary chunk of the loss (0: one)
     lr: float = 6e-4
     warmup_ratio: float = 0.04
     weight_decay: float = 0.0
@@ -86,6 +87,8 @@ class TrainConfig:
         if self.batch_size % self.micro_batches:
             raise ValueError(f"batch_size {self.batch_size} is not divisible by "
                              f"micro_batches {self.micro_batches}")
+        if self.loss_chunk_rows < 0:
+            raise ValueError(f"loss_chunk_rows must be >= 0, got {self.loss_chunk_rows}")
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
 

@@ -36,6 +36,7 @@ from domino_jax.config import DraftConfig
 from domino_jax.models import dflash, domino_head
 from domino_jax.models.qwen3 import TargetLM
 from domino_jax.train.config import POSITION_WEIGHTS
+from domino_jax.train.vocab_loss import RowInputs, row_losses, slot_divergence  # noqa: F401
 
 
 def lambda_schedule(step, total_steps: int, lambda_start: float = 1.0,
@@ -145,30 +146,6 @@ def labels_and_weights(config: DraftConfig, input_ids: jax.Array, loss_mask: jax
     return labels.astype(jnp.int32), weights.astype(jnp.float32)
 
 
-def _cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    logits = logits.astype(jnp.float32)
-    picked = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
-    return jax.nn.logsumexp(logits, axis=-1) - picked
-
-
-def _kl_to_target(target_logp: jax.Array, logits: jax.Array) -> jax.Array:
-    """``KL(target || draft)`` per row: ``sum_v p_t (log p_t - log_softmax(logits))``."""
-    draft_logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    return jnp.sum(jnp.exp(target_logp) * (target_logp - draft_logp), axis=-1)
-
-
-def slot_divergence(logits: jax.Array, labels: jax.Array, target_logp: jax.Array | None,
-                    soft_weight: float) -> jax.Array:
-    """Per-slot loss ``[...]``: ``(1 - w) CE(logits, labels) + w KL(target || softmax(logits))``
-    with ``w = soft_weight`` (static: 0 = hard labels, 1 = soft labels, else a mix)."""
-    out = 0.0
-    if soft_weight < 1.0:
-        out = (1.0 - soft_weight) * _cross_entropy(logits, labels)
-    if soft_weight > 0.0:
-        out = out + soft_weight * _kl_to_target(target_logp, logits)
-    return out
-
-
 def target_forward(target: TargetLM, target_params, config: DraftConfig,
                    input_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Frozen target over ``input_ids [B, S]`` -> ``(context features [B, S, n*H], final-normed
@@ -187,24 +164,19 @@ def target_context(target: TargetLM, target_params, config: DraftConfig,
     return target_forward(target, target_params, config, input_ids)[0]
 
 
-def soft_targets(target: TargetLM, target_params, config: DraftConfig,
-                 target_hidden: jax.Array, anchors: jax.Array) -> jax.Array:
-    """The frozen target's next-token log-probabilities for every block slot, float32
-    ``[B, N, Bk, V]``: slot k predicts the token at :func:`label_positions` ``p``, so its soft
-    label is the target's distribution from hidden row ``p - 1`` (``a + k`` with
-    ``shift_label``, ``a + k - 1`` without; rows clamped into ``0..S-1``, the slots that fall
-    outside carry weight 0). ``target_hidden [B, S, H]`` from :func:`target_forward`."""
-    seq_len = target_hidden.shape[1]
-    rows = jnp.clip(label_positions(config, anchors) - 1, 0, seq_len - 1)
-    batch, n, bk = rows.shape
-    picked = jnp.take_along_axis(target_hidden, rows.reshape(batch, n * bk)[:, :, None], axis=1)
-    logits = target.apply({"params": target_params}, picked, method=TargetLM.logits)
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    return jax.lax.stop_gradient(logp.reshape(batch, n, bk, -1))
+class BlockFeatures(NamedTuple):
+    """What the loss reads for one micro-batch, before any ``[.., V]`` product (rows
+    ``B * N`` blocks, ``Bk`` slots)."""
+
+    hidden: jax.Array                # [B*N, Bk, H] draft hidden (compute dtype)
+    features: jax.Array | None       # [B*N, Bk, E] Domino correction features (None: DFlash)
+    labels: jax.Array                # [B*N, Bk] int32 data tokens
+    weights: jax.Array               # [B*N, Bk] float32
+    target_hidden: jax.Array | None  # [B*N, Bk, H] the soft labels' target rows (soft/mix)
 
 
 class BlockOutputs(NamedTuple):
-    """What the loss reads for one micro-batch (rows ``B * N`` blocks, ``Bk`` slots)."""
+    """The materialised logits of one micro-batch (rows ``B * N`` blocks, ``Bk`` slots)."""
 
     base: jax.Array                  # [B*N, Bk, V] float32 draft logits (target LM head)
     final: jax.Array | None          # [B*N, Bk, V] float32 Domino logits (teacher forced)
@@ -213,13 +185,15 @@ class BlockOutputs(NamedTuple):
     target_logp: jax.Array | None    # [B*N, Bk, V] float32 soft labels (soft/mix only)
 
 
-def block_outputs(params: Any, target_params: Any, input_ids: jax.Array, loss_mask: jax.Array,
-                  anchors: jax.Array, keep: jax.Array, *, target: TargetLM,
-                  config: DraftConfig, gamma: float, position_weights: str = "decay",
-                  soft: bool = False, compute_dtype=jnp.bfloat16) -> BlockOutputs:
-    """The drafter's logits on all blocks of ``input_ids [B, S]`` at the given anchors
-    ``[B, N]`` (``params`` already in ``compute_dtype``), with labels, weights and (``soft``)
-    the target's soft labels, all from one frozen-target forward."""
+def block_features(params: Any, target_params: Any, input_ids: jax.Array,
+                   loss_mask: jax.Array, anchors: jax.Array, keep: jax.Array, *,
+                   target: TargetLM, config: DraftConfig, gamma: float,
+                   position_weights: str = "decay", soft: bool = False,
+                   compute_dtype=jnp.bfloat16) -> BlockFeatures:
+    """The drafter's hidden states (and Domino correction features) on all blocks of
+    ``input_ids [B, S]`` at the given anchors ``[B, N]`` (``params`` already in
+    ``compute_dtype``), with labels, weights and (``soft``) the target rows whose
+    distribution is each slot's soft label, all from one frozen-target forward."""
     bsz, seq_len = input_ids.shape
     bk = config.block_size
     features, target_hidden = target_forward(target, target_params, config, input_ids)
@@ -240,35 +214,66 @@ def block_outputs(params: Any, target_params: Any, input_ids: jax.Array, loss_ma
     hidden = backbone.apply({"params": params["backbone"]}, features, block_embeds, block_pos,
                             visible, method=TrainBackbone.train_hidden)
     hidden = hidden.reshape(bsz * n, bk, -1)
-    base = target.apply({"params": target_params}, hidden, method=TargetLM.logits)
-    final = None
+    head_features = None
     if "head" in params:
         prev_pos = jnp.minimum(anchors[:, :, None] + offsets[None, None, :], seq_len - 1)
         prev_tok = jax.vmap(lambda row, idx: row[idx])(input_ids, prev_pos)
         prev_embeds = embed(prev_tok.reshape(bsz * n, bk))
-        final = domino_head.teacher_forced_logits(params["head"], config, hidden, base,
-                                                  prev_embeds)
+        head_features = domino_head.teacher_forced_features(params["head"], config, hidden,
+                                                            prev_embeds)
     labels, weights = labels_and_weights(config, input_ids, loss_mask, anchors, keep, gamma,
                                          position_weights)
+    soft_rows = None
+    if soft:          # slot k's soft label: the target's distribution from row p - 1
+        rows = jnp.clip(label_positions(config, anchors) - 1, 0, seq_len - 1)
+        soft_rows = jnp.take_along_axis(target_hidden, rows.reshape(bsz, n * bk)[:, :, None],
+                                        axis=1)
+        soft_rows = jax.lax.stop_gradient(soft_rows.reshape(bsz * n, bk, -1))
+    return BlockFeatures(hidden, head_features, labels.reshape(bsz * n, bk),
+                         weights.reshape(bsz * n, bk), soft_rows)
+
+
+def block_outputs(params: Any, target_params: Any, input_ids: jax.Array, loss_mask: jax.Array,
+                  anchors: jax.Array, keep: jax.Array, *, target: TargetLM,
+                  config: DraftConfig, gamma: float, position_weights: str = "decay",
+                  soft: bool = False, compute_dtype=jnp.bfloat16) -> BlockOutputs:
+    """:func:`block_features` with the whole ``[B*N, Bk, V]`` logits materialised (the
+    readable reference of what :func:`draft_loss` computes in row chunks)."""
+    feats = block_features(params, target_params, input_ids, loss_mask, anchors, keep,
+                           target=target, config=config, gamma=gamma,
+                           position_weights=position_weights, soft=soft,
+                           compute_dtype=compute_dtype)
+    logits = lambda h: target.apply({"params": target_params}, h, method=TargetLM.logits)
+    base = logits(feats.hidden)
+    final = None
+    if feats.features is not None:
+        delta = jnp.einsum("nke,ev->nkv", feats.features,
+                           params["head"]["embed_proj_2"]["kernel"].astype(feats.features.dtype),
+                           preferred_element_type=jnp.float32)
+        slots = jnp.arange(config.block_size)[None, :, None]
+        final = jnp.where(slots >= config.suffix_start, base + delta, base)
     target_logp = None
     if soft:
-        target_logp = soft_targets(target, target_params, config, target_hidden, anchors)
-        target_logp = target_logp.reshape(bsz * n, bk, -1)
-    return BlockOutputs(base.astype(jnp.float32), final, labels.reshape(bsz * n, bk),
-                        weights.reshape(bsz * n, bk), target_logp)
+        target_logp = jax.lax.stop_gradient(
+            jax.nn.log_softmax(logits(feats.target_hidden).astype(jnp.float32), axis=-1))
+    return BlockOutputs(base.astype(jnp.float32), final, feats.labels, feats.weights,
+                        target_logp)
 
 
 def draft_loss(draft_params: Any, target_params: Any, batch: dict, key: jax.Array,
                lam: jax.Array, *, target: TargetLM, config: DraftConfig, num_anchors: int,
                gamma: float, compute_dtype=jnp.bfloat16, soft_weight: float = 0.0,
-               position_weights: str = "decay") -> tuple[jax.Array, dict]:
+               position_weights: str = "decay", chunk_rows: int = 4096
+               ) -> tuple[jax.Array, dict]:
     """Loss and metrics on one micro-batch ``{"input_ids", "loss_mask"} [B, S]``.
 
     ``draft_params`` are cast to ``compute_dtype`` here (float32 masters outside).
     ``lam`` is the Domino curriculum weight (ignored for plain DFlash): ``L = (1 - lam)
     L_final + lam L_base``. Each term is ``sum(w * d) / (sum(w) + 1e-6)`` with the per-slot
     ``d`` of :func:`slot_divergence` (``soft_weight`` 0: CE on the data's tokens; 1: KL from
-    the target's own next-token distribution; between: the mix).
+    the target's own next-token distribution; between: the mix). The ``[rows, V]`` logits
+    are computed ``chunk_rows`` block slots at a time and never stored whole
+    (:func:`domino_jax.train.vocab_loss.row_losses`; 0 = one piece).
     Metrics: ``loss``, ``loss_base``, ``loss_final``, ``weight_sum``, per block slot
     ``correct [Bk]`` / ``count [Bk]`` (argmax == data token, unweighted, slots with a nonzero
     weight), ``tokens``; with soft labels also ``acc_target`` (argmax == the target's argmax,
@@ -279,32 +284,38 @@ def draft_loss(draft_params: Any, target_params: Any, batch: dict, key: jax.Arra
     target_params = jax.lax.stop_gradient(target_params)
     params = jax.tree_util.tree_map(lambda x: x.astype(compute_dtype), draft_params)
     anchors, keep = sample_anchors(key, loss_mask, num_anchors)
-    out = block_outputs(params, target_params, input_ids, loss_mask, anchors, keep,
-                        target=target, config=config, gamma=gamma,
-                        position_weights=position_weights, soft=soft_weight > 0.0,
-                        compute_dtype=compute_dtype)
-    weights = out.weights
+    feats = block_features(params, target_params, input_ids, loss_mask, anchors, keep,
+                           target=target, config=config, gamma=gamma,
+                           position_weights=position_weights, soft=soft_weight > 0.0,
+                           compute_dtype=compute_dtype)
+    blocks, bk = feats.labels.shape
+    flat = lambda x: None if x is None else x.reshape((blocks * bk,) + x.shape[2:])
+    w2, corrected = None, None
+    if feats.features is not None:
+        w2 = params["head"]["embed_proj_2"]["kernel"]
+        corrected = jnp.tile(jnp.arange(bk) >= config.suffix_start, blocks)
+    lm_head = lambda h: target.apply({"params": target_params}, h, method=TargetLM.logits)
+    out = row_losses(RowInputs(flat(feats.hidden), flat(feats.labels), flat(feats.features),
+                               corrected, flat(feats.target_hidden)),
+                     lm_head, w2, soft_weight, chunk_rows)
+    weights = feats.weights
     denom = weights.sum() + 1e-6
-    term = lambda logits: (weights * slot_divergence(logits, out.labels, out.target_logp,
-                                                     soft_weight)).sum() / denom
+    term = lambda d: (weights * d.reshape(blocks, bk)).sum() / denom
     loss_base = term(out.base)
-    if out.final is not None:
+    if feats.features is not None:
         loss_final = term(out.final)
         loss = (1.0 - lam) * loss_final + lam * loss_base
-        scored = out.final
     else:
         loss_final = loss_base
         loss = loss_base
-        scored = out.base
     counted = weights > 0
-    guess = jnp.argmax(scored, axis=-1)
-    correct = (guess == out.labels) & counted
+    correct = (out.guess.reshape(blocks, bk) == feats.labels) & counted
     metrics = {"loss": loss, "loss_base": loss_base, "loss_final": loss_final,
                "weight_sum": weights.sum(), "correct": correct.sum(0).astype(jnp.float32),
                "count": counted.sum(0).astype(jnp.float32),
                "tokens": (loss_mask > 0).sum().astype(jnp.float32)}
-    if out.target_logp is not None:
-        agree = (guess == jnp.argmax(out.target_logp, axis=-1)) & counted
+    if out.target_guess is not None:
+        agree = (out.guess == out.target_guess).reshape(blocks, bk) & counted
         metrics["acc_target"] = agree.sum() / jnp.maximum(counted.sum(), 1)
     return loss, metrics
 

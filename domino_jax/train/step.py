@@ -74,7 +74,8 @@ def train_step(state: TrainState, batch: dict, target_params: Any, *, cfg: Train
                                 num_anchors=cfg.num_anchors, gamma=gamma,
                                 compute_dtype=_compute_dtype(cfg),
                                 soft_weight=cfg.soft_label_weight,
-                                position_weights=cfg.position_weights)
+                                position_weights=cfg.position_weights,
+                                chunk_rows=cfg.loss_chunk_rows)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def accumulate(grads_sum, xs):
