@@ -115,6 +115,7 @@ class GenerationSettings:
 
     max_new_tokens: int = 256
     batch_size: int = 256
+    queue: int = 1                    # > 1: queue x batch_size prompts a call, slots refilled
     widths: tuple[int, ...] = DEFAULT_WIDTHS
     temperature: float = 1.0          # mode "sampled"; "greedy" is T = 0
     top_p: float = 1.0
@@ -126,6 +127,8 @@ class GenerationSettings:
         object.__setattr__(self, "widths", check_widths(self.widths))
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.queue < 1:
+            raise ValueError(f"queue must be >= 1, got {self.queue}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not np.isfinite(self.temperature) or self.temperature <= 0:
@@ -146,6 +149,7 @@ class GenerationSettings:
     def record(self, modes: Sequence[str]) -> dict:
         """JSON for the manifest: the common settings and each mode's sampling."""
         return {"max_new_tokens": self.max_new_tokens, "batch_size": self.batch_size,
+                "queue": self.queue,
                 "widths": list(self.widths), "seed": self.seed,
                 "stop_token_ids": list(self.stop_token_ids),
                 "modes": {m: dataclasses.asdict(self.sampling(m)) for m in modes}}
@@ -182,13 +186,26 @@ def plan_batches(lengths: Sequence[int], widths: Sequence[int], batch_size: int
 
 
 def run_batch(target, target_params, prompts: Sequence[Sequence[int]], width: int,
-              batch_size: int, config: DecodeConfig, seed: int):
+              batch_size: int, config: DecodeConfig, seed: int, queue: int = 1):
     """``(responses, result)``: the target's responses (stop token included, at most
-    ``config.max_new_tokens``) to ``prompts`` (at most ``batch_size`` token lists of at
-    most ``width`` tokens), run as one ``[batch_size, width]`` :func:`generate` call; the
-    rows after the prompts are fillers of ``width`` tokens whose output is discarded."""
-    if len(prompts) > batch_size:
-        raise ValueError(f"{len(prompts)} prompts do not fit a batch of {batch_size}")
+    ``config.max_new_tokens``) to ``prompts`` (at most ``queue * batch_size`` token lists of
+    at most ``width`` tokens).
+
+    ``queue == 1``: one ``[batch_size, width]`` :func:`generate` call (a static batch: every
+    row waits for the longest response); the rows after the prompts are fillers of
+    ``width`` tokens whose output is discarded. ``queue > 1``: the prompts go through
+    ``batch_size`` slots with continuous batching (:func:`~domino_jax.decode.serving.serve`:
+    a finished row's slot takes the next prompt), plus one discarded filler of ``width``
+    tokens so every call of a width runs the same programs. Greedy responses are the
+    same either way."""
+    if len(prompts) > batch_size * queue:
+        raise ValueError(f"{len(prompts)} prompts do not fit {queue} x {batch_size} rows")
+    if queue > 1 and len(prompts) > batch_size:
+        from domino_jax.decode.serving import serve
+
+        rows = list(prompts) + [[0] * width]
+        result = serve(target, target_params, rows, config, slots=batch_size, seed=seed)
+        return result.tokens[:len(prompts)], result
     rows = list(prompts) + [[0] * width] * (batch_size - len(prompts))
     result = generate(target, target_params, rows, config, seed=seed)
     return result.tokens[:len(prompts)], result
@@ -282,7 +299,8 @@ def generate_shards(records: Sequence[dict], out_dir: str, target, target_params
             recs = [r for r in todo[mode] if len(ids_of[r["id"]])]
             stats["skipped_empty"] += len(todo[mode]) - len(recs)
             batches, too_long = plan_batches([len(ids_of[r["id"]]) for r in recs],
-                                             settings.widths, settings.batch_size)
+                                             settings.widths,
+                                             settings.batch_size * settings.queue)
             if too_long:
                 log.warning("%s: %d prompts longer than %d tokens skipped", mode, len(too_long),
                             settings.widths[-1])
@@ -295,7 +313,8 @@ def generate_shards(records: Sequence[dict], out_dir: str, target, target_params
                 responses, result = run_batch(target, target_params, prompts, width,
                                               settings.batch_size, config,
                                               batch_seed(settings.seed, mode,
-                                                         [r["id"] for r in batch]))
+                                                         [r["id"] for r in batch]),
+                                              settings.queue)
                 batch_tokens = sum(len(p) + len(r) for p, r in zip(prompts, responses))
                 if len(pending) + len(batch) > shard_examples or \
                         (pending.tokens + batch_tokens) * writer.dtype.itemsize > shard_bytes:
@@ -368,6 +387,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--modes", default="greedy,sampled", help="comma list of greedy,sampled")
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--batch-size", type=int, default=256, help="rows per generate call")
+    g.add_argument("--queue", type=int, default=1,
+                   help="prompts per row and call: > 1 runs queue x batch-size prompts through "
+                        "batch-size slots with continuous batching (a finished row takes the "
+                        "next prompt) instead of static batches")
     g.add_argument("--temperature", type=float, default=1.0, help="the sampled mode's T")
     g.add_argument("--top-p", type=float, default=1.0, help="the sampled mode's top-p")
     g.add_argument("--top-k", type=int, default=0, help="the sampled mode's top-k (0 = off)")
@@ -416,7 +439,8 @@ def _generate(args) -> dict:
     tokenizer = load_tokenizer(target_dir)
     target, target_params, _, _ = load_pair(target_dir, None, "ar", jnp.dtype(args.dtype))
     settings = GenerationSettings(
-        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, widths=tuple(widths),
+        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, queue=args.queue,
+        widths=tuple(widths),
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
         stop_token_ids=stop_token_ids(tokenizer, target.config))
     info = {"name": os.path.basename(os.path.normpath(target_dir)),
