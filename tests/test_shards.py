@@ -245,6 +245,15 @@ def test_continuous_batching_gives_the_static_greedy_examples(model, full, tmp_p
     assert shards and all(entry["settings"]["queue"] == 3 for entry in shards)
 
 
+def test_time_limit_stops_between_batches_and_resumes(model, full, tmp_path):
+    """``seconds=0``: no batch starts, nothing is lost; a later call finishes the same set."""
+    out = tmp_path / "timed"
+    first = run(model, out, seconds=0.0)
+    assert first["stopped"] and first["written"] == 0 and first["batches"] == 0
+    second = run(model, out)
+    assert not second["stopped"] and content(out) == full[2]
+
+
 def test_int32_tokens_for_large_vocab(tmp_path):
     info = dict(INFO, vocab_size=70000)
     tokens, index = shard_store.pack_examples([[1, 69999]], [[65536, 2]], np.dtype(np.int32))

@@ -357,6 +357,42 @@ def test_heldout_tau_tree_method(target_params):
     assert set(taus) == {"dominotree@3"} and 1.0 <= taus["dominotree@3"]["chat"] <= 4.0
 
 
+def test_heldout_tau_sampled(target_params):
+    """``"domino:T1"``: the decode loop at T = 1 (seed = the batch index), its tau equal to a
+    direct ``generate`` call's; bad temperatures are refused naming the method."""
+    from domino_jax.decode.loading import draft_decode_layout
+    from domino_jax.decode.methods import make_drafter, method_options
+    from domino_jax.decode.sampling import SamplingConfig
+    from domino_jax.decode.speculative import DecodeConfig, generate
+    from domino_jax.train.evaluate import parse_method, split_temperature
+    from domino_jax.train.loss import init_draft_params
+
+    assert split_temperature("domino:T1") == ("domino", 1.0)
+    assert split_temperature("dominotree@16:T0.7") == ("dominotree@16", 0.7)
+    assert parse_method("dominotree@16:T1") == ("dominotree", {"budget": 16})
+    for bad in ("domino:T0", "domino:Tx", "domino:T-1"):
+        with pytest.raises(ValueError, match="finite temperature"):
+            parse_method(bad)
+    config = make_draft_config(TARGET, "domino", 1, 4, 16, 8)
+    params = init_draft_params(config, jax.random.PRNGKey(3), False, target_params)
+    target = TargetLM(TARGET, dtype=jnp.float32, param_dtype=jnp.float32)
+    rows = [encode("hi"), encode("hello there")]
+    evaluator = HeldoutEvaluator(target, target_params, config, {"chat": rows},
+                                 ("domino:T1",), max_new_tokens=6)
+    taus = evaluator(params)["domino:T1"]
+    dconfig, dparams = draft_decode_layout(config, params, evaluator.target_params, "domino",
+                                           True)
+    drafter = make_drafter(dconfig, evaluator.target, "domino", method_options("domino"))
+    (batch, real), = list(evaluator._batches())
+    out = generate(evaluator.target, evaluator.target_params, batch,
+                   DecodeConfig(method="domino", max_new_tokens=6,
+                                sampling=SamplingConfig(temperature=1.0)),
+                   drafter, dparams, seed=0)
+    hist = np.asarray(out.accept_hist)[:real]
+    assert taus["chat"] == (hist * np.arange(hist.shape[1])).sum() / hist.sum()
+    assert 1.0 <= taus["chat"] <= drafter.max_commit
+
+
 def test_cli_eval_flags_fail_fast(tmp_path):
     from domino_jax.train.__main__ import parse_args
 

@@ -7,7 +7,9 @@
     evaluator(draft_params)       # {"dflash": {"chat": 1.9, ..., "all": 2.1}, "domino": ...}
 
 tau (tokens committed per target forward: accepted drafts + the bonus) is measured with
-:func:`domino_jax.decode.speculative.generate`, greedy (T = 0), the drafter built from the
+:func:`domino_jax.decode.speculative.generate`, greedy (T = 0) unless the method name ends in
+``":T<temperature>"`` (``"domino:T1"``: target and drafts sampled at T = 1, the references'
+sample-and-compare verification, a fixed seed per evaluation), the drafter built from the
 current params exactly as :func:`domino_jax.decode.loading.load_pair` builds it from a
 checkpoint (fused decode layout, the Domino head's decode leaves). ``"ngram"`` (opt-in) is
 the prompt lookup at the CLI's defaults: no drafter, so it is evaluated once and repeated,
@@ -80,13 +82,30 @@ class EvalConfig:
             parse_method(m)
 
 
+def split_temperature(name: str) -> tuple[str, float]:
+    """``"domino:T1"`` -> ``("domino", 1.0)``; a name without ``":T"`` -> ``(name, 0.0)``."""
+    base, sep, temp = name.partition(":T")
+    if not sep:
+        return name, 0.0
+    try:
+        value = float(temp)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"eval method {name!r}: ':T<temperature>' needs a finite temperature "
+                         "> 0 (e.g. 'domino:T1')")
+    return base, value
+
+
 def parse_method(name: str) -> tuple[str, dict]:
-    """``"domino"`` -> ``("domino", {})``; ``"ddtree@32"`` -> ``("ddtree", {"budget": 32})``."""
+    """``"domino"`` -> ``("domino", {})``; ``"ddtree@32"`` -> ``("ddtree", {"budget": 32})``;
+    a ``":T<temperature>"`` suffix (:func:`split_temperature`) is checked and left out."""
+    name, _ = split_temperature(name)
     method, _, budget = name.partition("@")
     known = LOOKUP_METHODS + CHAIN_METHODS + TREE_METHODS
     if method not in known:
         raise ValueError(f"unknown eval method {name!r}; choose from "
-                         f"{', '.join(known)} (trees: 'ddtree@BUDGET')")
+                         f"{', '.join(known)} (trees: 'ddtree@BUDGET'; sampled: 'domino:T1')")
     if budget:
         if method not in TREE_METHODS or not budget.isdigit() or int(budget) < 1:
             raise ValueError(f"eval method {name!r}: '@BUDGET' (a positive integer) is for "
@@ -216,6 +235,7 @@ class HeldoutEvaluator:
         or any dtype, checkpoint layout)."""
         from domino_jax.decode.loading import draft_decode_layout
         from domino_jax.decode.methods import make_drafter, method_options
+        from domino_jax.decode.sampling import SamplingConfig
         from domino_jax.decode.speculative import DecodeConfig, generate
 
         dtype = self.target.dtype
@@ -233,11 +253,14 @@ class HeldoutEvaluator:
                                                       self.target_params, method, self.fused)
                 drafter = make_drafter(config, self.target, method,
                                        method_options(method, **options))
+            temperature = split_temperature(name)[1]
             decode = DecodeConfig(method=method, max_new_tokens=self.max_new_tokens,
+                                  sampling=SamplingConfig(temperature=temperature),
                                   stop_token_ids=self.stop_token_ids)
             hists = []
-            for rows, real in self._batches():
-                out = generate(self.target, self.target_params, rows, decode, drafter, dparams)
+            for i, (rows, real) in enumerate(self._batches()):
+                out = generate(self.target, self.target_params, rows, decode, drafter, dparams,
+                               seed=i)
                 hists.append(np.asarray(out.accept_hist)[:real])
             hist = np.concatenate(hists)
             kinds = np.asarray(self.kinds)

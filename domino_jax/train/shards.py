@@ -249,14 +249,16 @@ def generate_shards(records: Sequence[dict], out_dir: str, target, target_params
                     settings: GenerationSettings = GenerationSettings(),
                     modes: Sequence[str] = ("greedy",), shard_examples: int = 8192,
                     shard_bytes: int = SHARD_BYTES, progress: bool = True,
-                    on_batch: Callable[[int], None] | None = None) -> dict:
+                    on_batch: Callable[[int], None] | None = None,
+                    seconds: float | None = None) -> dict:
     """Answer every ``(record, mode)`` not yet in ``out_dir`` and write the examples as
     shards of whole batches (each at most ``shard_examples`` examples and ``shard_bytes``
     of tokens, unless one batch alone is larger). ``encode(prompt) -> ids`` is the prompt encoder (the CLI
     uses the chat template); ``target_info`` is ``{"name", "vocab_size", "fingerprint"}``
     (:func:`target_fingerprint`). ``on_batch(batches_done)`` is called after each batch
-    (tests interrupt a run by raising from it). Returns a summary (counts, seconds,
-    response tokens/s)."""
+    (tests interrupt a run by raising from it). ``seconds``: start no batch after that many
+    seconds (what is done is written; the rest is left for a later call, ``stopped`` in the
+    summary). Returns a summary (counts, seconds, response tokens/s)."""
     from tqdm.auto import tqdm
 
     modes = check_modes(modes)
@@ -270,6 +272,7 @@ def generate_shards(records: Sequence[dict], out_dir: str, target, target_params
         seen.add(record["id"])
         unique.append(record)
     stats = dict(written=0, already_done=0, skipped_too_long=0, skipped_empty=0, batches=0,
+                 stopped=False,
                  response_tokens=0, prompt_tokens=0, compile_seconds=0.0, prefill_seconds=0.0,
                  decode_seconds=0.0)
     t_start = time.perf_counter()
@@ -308,6 +311,9 @@ def generate_shards(records: Sequence[dict], out_dir: str, target, target_params
             bar.total -= len(too_long) + len(todo[mode]) - len(recs)
             bar.refresh()
             for width, chunk in batches:
+                if seconds is not None and time.perf_counter() - t_start >= seconds:
+                    stats["stopped"] = True
+                    break
                 batch = [recs[p] for p in chunk]
                 prompts = [ids_of[r["id"]] for r in batch]
                 responses, result = run_batch(target, target_params, prompts, width,
@@ -341,6 +347,8 @@ def generate_shards(records: Sequence[dict], out_dir: str, target, target_params
                                 tok_s=f"{stats['response_tokens'] / max(elapsed, 1e-9):.0f}")
                 if on_batch is not None:
                     on_batch(stats["batches"])
+            if stats["stopped"]:
+                break
         flush()
         bar.close()
     seconds = time.perf_counter() - t_start
@@ -398,6 +406,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--limit", type=int, default=None,
                    help="use only the first N corpus records (a later run without it resumes)")
     g.add_argument("--shard-examples", type=int, default=8192, help="examples per shard, max")
+    g.add_argument("--seconds", type=float, default=None,
+                   help="start no batch after this many seconds (the rest is left for a "
+                        "later call: rerun the same command to continue)")
     g.add_argument("--widths", default=",".join(map(str, DEFAULT_WIDTHS)),
                    help="prompt length buckets (tokens); longer prompts are skipped")
     g.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
@@ -451,7 +462,8 @@ def _generate(args) -> dict:
              len(records), ",".join(modes))
     summary = generate_shards(records, args.out, target, target_params,
                               lambda text: encode_prompt(tokenizer, text), info, settings,
-                              modes, args.shard_examples, progress=not args.no_progress)
+                              modes, args.shard_examples, progress=not args.no_progress,
+                              seconds=args.seconds)
     summary["dtype"] = args.dtype
     return summary
 
