@@ -1,0 +1,249 @@
+"""One round of the drafter campaign per command: fresh self-distilled data, training from
+the last round's drafter, the held-out evaluation, and what the next round starts from.
+
+    python -m domino_jax.train.campaign --round 1 --corpus CORPUS --work /tmp/campaign \\
+        --init DRAFT_DIR --curve campaign_curve.json --out OUT \\
+        [--phases generate,train] [--prompts-per-round 16384] [--steps 3000] ...
+
+A round (``--phases``, both by default; a lent GPU may run them in separate calls while
+``--work`` lives):
+
+* ``generate``: this round's prompts are a fresh slice of a seeded permutation of the
+  corpus's ``train.jsonl`` (round ``r`` takes prompts ``r*N .. (r+1)*N``, wrapping), answered
+  greedily (new prompts give new greedy responses) and sampled at ``--temperature`` with the
+  round as the seed (a sampled record's id carries ``~r<round>``, so every round's samples
+  are new examples); appended to ``WORK/shards`` (:mod:`domino_jax.train.shards`, continuous
+  batching with ``--gen-queue``), within ``--gen-seconds``.
+* ``train``: ``python -m domino_jax.train`` on all of ``WORK/shards`` from ``--init`` (a
+  drafter folder: params only, a fresh optimizer and schedule: a warm restart), held-out tau
+  of ``--eval-methods`` at the start and the end; the result cast to bf16 (the shipped
+  drafters' dtype) into ``WORK/round-<r>/draft-bf16`` (the next round's ``--init``) and
+  split into checksummed parts of at most ``--part-mib`` in ``OUT/draft``
+  (``python -m domino_jax.train.parts join OUT/draft DIR`` restores it).
+
+``OUT/curve.json`` is ``--curve`` with this round's point appended: examples seen, optimizer
+steps and distinct examples so far, held-out tau per method and kind before and after, and
+where the round's seconds went (loading, generation, training, evaluation, export).
+``OUT/round.json`` holds the point and the commands' summaries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import random
+import sys
+import time
+from typing import Sequence
+
+from domino_jax.console import add_verbose_flag, setup_logging
+
+log = logging.getLogger(__name__)
+SAMPLED_ID = "{id}~r{round}"
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundPrompts:
+    greedy: list[dict]       # corpus records, their own ids
+    sampled: list[dict]      # the same prompts, ids marked with the round
+
+
+def round_prompts(records: Sequence[dict], round_index: int, per_round: int,
+                  seed: int = 0) -> RoundPrompts:
+    """Round ``round_index``'s slice of a ``seed`` permutation of ``records`` (``per_round``
+    of them, wrapping around the corpus), for the greedy and the sampled mode."""
+    if per_round < 1 or round_index < 0:
+        raise ValueError(f"per_round must be >= 1 and round >= 0, got {per_round}, "
+                         f"{round_index}")
+    if not records:
+        raise ValueError("the corpus has no training records")
+    order = list(range(len(records)))
+    random.Random(seed).shuffle(order)
+    start = round_index * per_round
+    picked = [records[order[(start + i) % len(records)]] for i in range(min(per_round,
+                                                                             len(records)))]
+    sampled = [dict(r, id=SAMPLED_ID.format(id=r["id"], round=round_index)) for r in picked]
+    return RoundPrompts(picked, sampled)
+
+
+def read_curve(path: str | None) -> list[dict]:
+    if not path or not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        points = json.load(f)
+    if not isinstance(points, list):
+        raise ValueError(f"--curve {path!r}: expected a JSON list of round points")
+    return points
+
+
+def totals(curve: Sequence[dict]) -> dict:
+    """Steps and examples seen over the rounds so far (the last point's running totals)."""
+    last = curve[-1] if curve else {}
+    return {"steps": int(last.get("steps_total", 0)),
+            "examples_seen": int(last.get("examples_seen_total", 0))}
+
+
+def _write_jsonl(records: Sequence[dict], path: str) -> None:
+    with open(path, "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+
+
+def _read_jsonl(path: str) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def generate_phase(args, work: str) -> dict:
+    """Append this round's greedy and sampled responses to ``WORK/shards``."""
+    from domino_jax.train import shards
+
+    prompts = round_prompts(_read_jsonl(os.path.join(args.corpus, "train.jsonl")), args.round,
+                            args.prompts_per_round, args.prompt_seed)
+    summaries = {}
+    deadline = time.perf_counter() + args.gen_seconds
+    for mode, records in (("greedy", prompts.greedy), ("sampled", prompts.sampled)):
+        if mode not in args.modes:
+            continue
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            summaries[mode] = {"skipped": "no time left"}
+            continue
+        path = os.path.join(work, f"round-{args.round}-{mode}.jsonl")
+        _write_jsonl(records, path)
+        argv = ["generate", "--corpus", path, "--out", os.path.join(work, "shards"),
+                "--modes", mode, "--max-new-tokens", str(args.max_new_tokens),
+                "--batch-size", str(args.gen_batch_size), "--queue", str(args.gen_queue),
+                "--seed", str(args.round), "--temperature", str(args.temperature),
+                "--seconds", str(left), "--no-progress"]
+        if args.target:
+            argv += ["--target", args.target]
+        summaries[mode] = shards._generate(shards.build_parser().parse_args(argv))
+    return summaries
+
+
+def train_phase(args, work: str, out: str) -> dict:
+    """Train from ``--init`` on ``WORK/shards``; cast, split and report."""
+    from converters.hf_draft import cast_draft
+    from domino_jax.train import __main__ as train_cli
+    from domino_jax.train.checkpoint_parts import split_directory
+    from domino_jax.train.shard_store import ShardDataset
+
+    run = os.path.join(work, f"round-{args.round}")
+    data = os.path.join(work, "shards")
+    argv = ["--data", data, "--out", run, "--drafter", "domino", "--init-draft", args.init,
+            "--steps", str(args.steps), "--batch-size", str(args.batch_size),
+            "--max-length", str(args.max_length), "--lr", str(args.lr),
+            "--num-anchors", str(args.num_anchors), "--seed", str(args.round),
+            "--checkpoint-every", str(args.steps), "--log-every", "50",
+            "--eval-prompts", os.path.join(args.corpus, "heldout.jsonl"),
+            "--eval-every", "0", "--eval-num-prompts", str(args.eval_num_prompts),
+            "--eval-max-new-tokens", str(args.eval_max_new_tokens),
+            "--eval-methods", ",".join(args.eval_methods)] + args.train_args
+    if args.target:
+        argv += ["--target", args.target]
+    t0 = time.perf_counter()
+    train_cli.main(argv)
+    train_seconds = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    bf16 = os.path.join(run, "draft-bf16")
+    cast_draft(os.path.join(run, "draft"), bf16)
+    split_directory(bf16, os.path.join(out, "draft"), part_mib=args.part_mib)
+    export_seconds = time.perf_counter() - t1
+    with open(os.path.join(run, "curve.json")) as f:
+        run_curve = json.load(f)
+    points = run_curve["points"] if isinstance(run_curve, dict) else run_curve
+    return {"run": run, "draft": bf16, "distinct_examples": len(ShardDataset(data)),
+            "train_seconds": train_seconds, "export_seconds": export_seconds,
+            "eval_seconds": sum(float(p.get("eval_seconds", 0.0)) for p in points),
+            "tau_before": points[0]["tau"] if len(points) > 1 else None,
+            "tau_after": points[-1]["tau"], "loss": points[-1].get("loss"),
+            "wall_seconds": points[-1].get("wall_seconds")}
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--round", type=int, required=True, help="round index (0, 1, ...)")
+    p.add_argument("--corpus", required=True, help="corpus folder (train.jsonl, heldout.jsonl)")
+    p.add_argument("--work", required=True, help="folder kept between the round's phases")
+    p.add_argument("--out", required=True, help="what comes back: curve, round, drafter parts")
+    p.add_argument("--phases", default="generate,train")
+    p.add_argument("--init", default=None, help="drafter folder to start from (train phase)")
+    p.add_argument("--curve", default=None, help="the campaign curve so far (JSON list)")
+    p.add_argument("--target", default=None, help="HF target folder (default: demo SmolLM2)")
+    p.add_argument("--prompts-per-round", type=int, default=16384)
+    p.add_argument("--prompt-seed", type=int, default=0)
+    p.add_argument("--modes", default="greedy,sampled")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--gen-batch-size", type=int, default=1024)
+    p.add_argument("--gen-queue", type=int, default=4)
+    p.add_argument("--gen-seconds", type=float, default=300.0)
+    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--max-length", type=int, default=448)
+    p.add_argument("--num-anchors", type=int, default=64)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--eval-methods", default="ngram,dflash,domino,dominotree@16,domino:T1")
+    p.add_argument("--eval-num-prompts", type=int, default=16, help="per kind")
+    p.add_argument("--eval-max-new-tokens", type=int, default=64)
+    p.add_argument("--part-mib", type=float, default=15.0)
+    p.add_argument("--train-args", default="", help="more `python -m domino_jax.train` flags")
+    add_verbose_flag(p)
+    args = p.parse_args(argv)
+    args.phases = [x for x in args.phases.split(",") if x]
+    args.modes = [x for x in args.modes.split(",") if x]
+    args.eval_methods = [x for x in args.eval_methods.split(",") if x]
+    args.train_args = args.train_args.split()
+    bad = set(args.phases) - {"generate", "train"}
+    if bad or not args.phases:
+        p.error(f"--phases {','.join(args.phases)}: choose from generate,train")
+    if "train" in args.phases and not args.init:
+        p.error("--phases train needs --init (the drafter folder to start from)")
+    if not os.path.isfile(os.path.join(args.corpus, "train.jsonl")):
+        p.error(f"--corpus {args.corpus!r}: no train.jsonl there")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    setup_logging(args.verbose, fmt="%(asctime)s %(message)s")
+    t_start = time.perf_counter()
+    os.makedirs(args.work, exist_ok=True)
+    os.makedirs(args.out, exist_ok=True)
+    curve = read_curve(args.curve)
+    record: dict = {"round": args.round, "phases": args.phases, "argv": sys.argv[1:]}
+    if "generate" in args.phases:
+        t0 = time.perf_counter()
+        record["generate"] = generate_phase(args, args.work)
+        record["generate_seconds"] = time.perf_counter() - t0
+    if "train" in args.phases:
+        record["train"] = train_phase(args, args.work, args.out)
+        done = totals(curve)
+        point = {"round": args.round, "init": os.path.abspath(args.init),
+                 "steps_round": args.steps, "steps_total": done["steps"] + args.steps,
+                 "examples_seen_total": done["examples_seen"] + args.steps * args.batch_size,
+                 "distinct_examples": record["train"]["distinct_examples"],
+                 "tau_before": record["train"]["tau_before"],
+                 "tau": record["train"]["tau_after"], "loss": record["train"]["loss"],
+                 "seconds": {"generate": record.get("generate_seconds"),
+                             "train_total": record["train"]["train_seconds"],
+                             "eval": record["train"]["eval_seconds"],
+                             "export": record["train"]["export_seconds"]}}
+        curve.append(point)
+        record["point"] = point
+        with open(os.path.join(args.out, "curve.json"), "w") as f:
+            json.dump(curve, f, indent=1)
+    record["seconds"] = time.perf_counter() - t_start
+    with open(os.path.join(args.out, "round.json"), "w") as f:
+        json.dump(record, f, indent=1, default=str)
+    log.info("round %d done in %.0f s: %s", args.round, record["seconds"],
+             json.dumps(record.get("point", record.get("generate")), default=str)[:2000])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

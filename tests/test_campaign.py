@@ -1,0 +1,119 @@
+"""The campaign runner (domino_jax/train/campaign.py): two rounds on a tiny random target,
+each generating fresh data, training from the last round's bf16 drafter, evaluating and
+returning the drafter in checksummed parts; the curve's running totals; the prompt slices."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from domino_jax.models.qwen3 import init_params
+from domino_jax.train import campaign
+from domino_jax.train.config import make_draft_config
+from domino_jax.train.loss import init_draft_params
+from test_shards import RECORDS, save_char_tokenizer
+from test_train import TARGET
+
+
+def test_round_prompts_are_fresh_slices():
+    records = [{"id": f"{i:04d}", "prompt": str(i)} for i in range(10)]
+    r0, r1, r2 = (campaign.round_prompts(records, r, 4) for r in range(3))
+    ids = lambda rp: [r["id"] for r in rp.greedy]
+    assert not set(ids(r0)) & set(ids(r1))                       # new prompts each round
+    assert len(set(ids(r0) + ids(r1) + ids(r2))) == 10           # wraps over the corpus
+    assert [r["prompt"] for r in r1.sampled] == [r["prompt"] for r in r1.greedy]
+    assert all(s["id"] == f"{g['id']}~r1" for s, g in zip(r1.sampled, r1.greedy))
+    assert ids(campaign.round_prompts(records, 1, 4)) == ids(r1)  # deterministic
+    with pytest.raises(ValueError, match="per_round"):
+        campaign.round_prompts(records, 0, 0)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from converters.hf_draft import export_draft
+    from converters.hf_target import export_target
+
+    root = tmp_path_factory.mktemp("campaign")
+    config = dataclasses.replace(TARGET, vocab_size=128, eos_token_ids=(2,))
+    export_target(config, init_params(config, jax.random.PRNGKey(1)), str(root / "target"))
+    save_char_tokenizer(root / "target")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    usable = [r for r in RECORDS if len(r["prompt"]) <= 20]
+    with open(corpus / "train.jsonl", "w") as f:
+        for r in usable[:10]:
+            f.write(json.dumps(r) + "\n")
+    with open(corpus / "heldout.jsonl", "w") as f:
+        for r in usable[10:12]:
+            f.write(json.dumps(r) + "\n")
+    draft = make_draft_config(config, "domino", 1, 4, 16, 8, mask_token_id=5)
+    params = init_draft_params(draft, jax.random.PRNGKey(2), False)
+    export_draft(draft, jax.tree_util.tree_map(np.asarray, params), str(root / "init"))
+    return root
+
+
+def _round(root, index, init, curve=None):
+    out = root / f"out{index}"
+    argv = ["--round", str(index), "--corpus", str(root / "corpus"), "--work",
+            str(root / "work"), "--out", str(out), "--init", str(init),
+            "--target", str(root / "target"), "--prompts-per-round", "4",
+            "--max-new-tokens", "12", "--gen-batch-size", "2", "--gen-queue", "2",
+            "--steps", "2", "--batch-size", "2", "--max-length", "128", "--num-anchors", "4",
+            "--eval-methods", "dflash,domino,domino:T1", "--eval-num-prompts", "1",
+            "--eval-max-new-tokens", "4", "--part-mib", "0.02",
+            "--train-args", "--dtype float32 --no-progress"]
+    if curve:
+        argv += ["--curve", str(curve)]
+    assert campaign.main(argv) == 0
+    return out
+
+
+def test_two_rounds(setup):
+    from domino_jax.train.checkpoint_parts import join_parts
+    from domino_jax.train.shard_store import ShardDataset
+
+    root = setup
+    out0 = _round(root, 0, root / "init")
+    distinct0 = len(ShardDataset(str(root / "work" / "shards")))
+    assert distinct0 == 8                                   # 4 greedy + 4 sampled
+    out1 = _round(root, 1, root / "work" / "round-0" / "draft-bf16", out0 / "curve.json")
+    with open(out1 / "curve.json") as f:
+        curve = json.load(f)
+    assert [p["round"] for p in curve] == [0, 1]
+    assert [p["steps_total"] for p in curve] == [2, 4]
+    assert [p["examples_seen_total"] for p in curve] == [4, 8]
+    assert [p["distinct_examples"] for p in curve] == [8, 16]
+    for p in curve:
+        assert set(p["tau"]) == {"dflash", "domino", "domino:T1"}
+        assert all(1.0 <= t <= 4.0 for t in p["tau"]["domino"].values())
+        assert p["tau_before"] is not None
+    # the parts restore the round's bf16 drafter byte for byte
+    restored = root / "restored"
+    join_parts(str(out1 / "draft"), str(restored))
+    bf16 = root / "work" / "round-1" / "draft-bf16"
+    assert sorted(os.listdir(restored)) == sorted(os.listdir(bf16))
+    for name in os.listdir(bf16):
+        assert (restored / name).read_bytes() == (bf16 / name).read_bytes()
+    parts = [f for f in (out1 / "draft").rglob("part-*")]
+    assert len(parts) >= 2 and all(f.stat().st_size <= 0.02 * 2 ** 20 for f in parts)
+    with open(out1 / "round.json") as f:
+        record = json.load(f)
+    assert record["point"] == curve[-1] and record["generate"]["greedy"]["written"] == 4
+
+
+def test_bad_arguments(setup, capsys):
+    root = setup
+    base = ["--round", "0", "--corpus", str(root / "corpus"), "--work", str(root / "w"),
+            "--out", str(root / "o")]
+    for extra, message in ((["--phases", "train"], "needs --init"),
+                           (["--phases", "eval"], "choose from generate,train")):
+        with pytest.raises(SystemExit) as e:
+            campaign.parse_args(base + extra)
+        assert e.value.code == 2 and message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        campaign.parse_args(base[:3] + [str(root / "nothing")] + base[4:])
