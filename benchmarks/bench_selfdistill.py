@@ -53,6 +53,10 @@ def main() -> None:
     p.add_argument("--modes", default="greedy,sampled")
     p.add_argument("--widths", default="64,128,256,512")
     p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--queues", default="1",
+                   help="comma list of `shards generate --queue` values, each timed: 1 = "
+                        "static batches, Q > 1 = Q x batch-size prompts through batch-size "
+                        "slots with continuous batching")
     p.add_argument("--phases", default="cold,warm", choices=("cold", "cold,warm"),
                    help="cold: compiles; warm: again with the programs cached")
     p.add_argument("--target", default=None)
@@ -77,27 +81,30 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     base = os.path.join(args.out, f"selfdistill_{device}_{stamp}")
     rows = []
-    for dtype in args.dtypes.split(","):
-        for phase in args.phases.split(","):
-            argv = ["generate", "--corpus", corpus, "--out", os.path.join(work, f"{dtype}_{phase}"),
-                    "--modes", args.modes, "--max-new-tokens", str(args.max_new_tokens),
-                    "--batch-size", str(args.batch_size), "--limit", str(args.num_prompts),
-                    "--widths", args.widths, "--dtype", dtype, "--no-progress"]
-            if args.target:
-                argv += ["--target", args.target]
-            load_before, cpu_before = os.getloadavg()[0], time.process_time()
-            summary = run_cli(shards, argv)
-            cpu = time.process_time() - cpu_before
-            summary.update(dtype=dtype, phase=phase, load_before=round(load_before, 2),
-                           load_after=round(os.getloadavg()[0], 2), cpu_seconds=round(cpu, 1),
-                           tokens_per_cpu_second=round(summary["response_tokens"] / cpu, 1))
-            rows.append(summary)
-            meta["commands"].append("python -m domino_jax.train.shards " + " ".join(argv))
-            print(json.dumps(summary), flush=True)
-            with open(base + ".json", "w") as f:          # rewritten after every run
-                json.dump({"meta": meta, "runs": rows}, f, indent=1)
-            with open(base + ".md", "w") as f:
-                f.write(report(meta, rows))
+    runs = [(d, int(q), ph) for d in args.dtypes.split(",") for q in args.queues.split(",")
+            for ph in args.phases.split(",")]
+    for dtype, queue, phase in runs:
+        argv = ["generate", "--corpus", corpus,
+                "--out", os.path.join(work, f"{dtype}_q{queue}_{phase}"),
+                "--modes", args.modes, "--max-new-tokens", str(args.max_new_tokens),
+                "--batch-size", str(args.batch_size), "--queue", str(queue),
+                "--limit", str(args.num_prompts),
+                "--widths", args.widths, "--dtype", dtype, "--no-progress"]
+        if args.target:
+            argv += ["--target", args.target]
+        load_before, cpu_before = os.getloadavg()[0], time.process_time()
+        summary = run_cli(shards, argv)
+        cpu = time.process_time() - cpu_before
+        summary.update(dtype=dtype, queue=queue, phase=phase, load_before=round(load_before, 2),
+                       load_after=round(os.getloadavg()[0], 2), cpu_seconds=round(cpu, 1),
+                       tokens_per_cpu_second=round(summary["response_tokens"] / cpu, 1))
+        rows.append(summary)
+        meta["commands"].append("python -m domino_jax.train.shards " + " ".join(argv))
+        print(json.dumps(summary), flush=True)
+        with open(base + ".json", "w") as f:          # rewritten after every run
+            json.dump({"meta": meta, "runs": rows}, f, indent=1)
+        with open(base + ".md", "w") as f:
+            f.write(report(meta, rows))
     print(base + ".md")
 
 
@@ -116,34 +123,37 @@ def run_cli(shards, argv) -> dict:
 
 def report(meta: dict, rows: list[dict]) -> str:
     lines = [f"# Self-distillation throughput ({meta['device']}, {meta['date']})", "",
-             f"Commit `{meta['commit']}`; {meta['platform']}, {meta['cpu_count']} cores; "
-             f"python {meta['python']}; " + ", ".join(f"{k} {v}" for k, v in
-                                                       meta["versions"].items()), "",
-             "Command: `python benchmarks/bench_selfdistill.py " + " ".join(
-                 f"--{k.replace('_', '-')} {v}" for k, v in meta["args"].items()
-                 if v is not None and k != "out") + "`", "",
-             "Each dtype runs twice into fresh shards directories: `cold` compiles, `warm` "
-             "reuses the compiled programs. tok/s counts response tokens (prompt tokens "
-             "excluded); `wall` is the whole command (tokenizing, writing shards, compiling), "
-             "`device` is the time inside `generate` (prefill + decode loop), `decode loop` "
-             "the decode loop alone. Every batch has `--batch-size` rows padded to its "
-             "width bucket, so a small corpus with a few long prompts pays for mostly-filler "
-             "batches of width 256/512 (prefill dominates on a CPU).", "",
-             "The CPUs are shared with other jobs: `CPU s` is this process's CPU time (all "
-             "threads; it includes target loading), `tok/CPU-s` the rate per CPU-second, "
-             "which contention affects less than the wall-clock rates.", "",
-             "| dtype | run | examples | batches | prompt / response tokens | wall s | "
-             "compile s | prefill s | decode s | tok/s (wall) | tok/s (device) | "
-             "tok/s (decode loop) | CPU s | tok/CPU-s | load avg before/after |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+         f"Commit `{meta['commit']}`; {meta['platform']}, {meta['cpu_count']} cores; "
+         f"python {meta['python']}; " + ", ".join(f"{k} {v}" for k, v in
+                                                   meta["versions"].items()), "",
+         "Command: `python benchmarks/bench_selfdistill.py " + " ".join(
+             f"--{k.replace('_', '-')} {v}" for k, v in meta["args"].items()
+             if v is not None and k != "out") + "`", "",
+         "Each dtype runs twice into fresh shards directories: `cold` compiles, `warm` "
+         "reuses the compiled programs. tok/s counts response tokens (prompt tokens "
+         "excluded); `wall` is the whole command (tokenizing, writing shards, compiling), "
+         "`device` is the time inside `generate` (prefill + decode loop), `decode loop` "
+         "the decode loop alone. Every batch has `--batch-size` rows padded to its "
+         "width bucket, so a small corpus with a few long prompts pays for mostly-filler "
+         "batches of width 256/512 (prefill dominates on a CPU).", "",
+         "The CPUs are shared with other jobs: `CPU s` is this process's CPU time (all "
+         "threads; it includes target loading), `tok/CPU-s` the rate per CPU-second, "
+         "which contention affects less than the wall-clock rates.", "",
+         "`queue` 1: static batches (each waits for its longest response); Q > 1: Q x "
+         "batch-size prompts through batch-size slots, a finished row's slot refilled "
+         "(continuous batching, `decode/serving.py`).", "",
+         "| dtype | queue | run | examples | batches | prompt / response tokens | wall s | "
+         "compile s | prefill s | decode s | tok/s (wall) | tok/s (device) | "
+         "tok/s (decode loop) | CPU s | tok/CPU-s | load avg before/after |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['dtype']} | {r['phase']} | {r['written']} | {r['batches']} | "
-                     f"{r['prompt_tokens']} / {r['response_tokens']} | {r['seconds']:.1f} | "
-                     f"{r['compile_seconds']:.1f} | {r['prefill_seconds']:.1f} | "
-                     f"{r['decode_seconds']:.1f} | {r['tokens_per_second']:.1f} | "
-                     f"{r['device_tokens_per_second']:.1f} | {r['decode_tokens_per_second']:.1f} | "
-                     f"{r['cpu_seconds']:.0f} | {r['tokens_per_cpu_second']:.0f} | "
-                     f"{r['load_before']} / {r['load_after']} |")
+        lines.append(f"| {r['dtype']} | {r.get('queue', 1)} | {r['phase']} | {r['written']} | {r['batches']} | "
+                 f"{r['prompt_tokens']} / {r['response_tokens']} | {r['seconds']:.1f} | "
+                 f"{r['compile_seconds']:.1f} | {r['prefill_seconds']:.1f} | "
+                 f"{r['decode_seconds']:.1f} | {r['tokens_per_second']:.1f} | "
+                 f"{r['device_tokens_per_second']:.1f} | {r['decode_tokens_per_second']:.1f} | "
+                 f"{r['cpu_seconds']:.0f} | {r['tokens_per_cpu_second']:.0f} | "
+                 f"{r['load_before']} / {r['load_after']} |")
     lines += ["", "Commands run (in process, via `domino_jax.train.shards.main`):", ""]
     lines += [f"    {c}" for c in meta["commands"]]
     return "\n".join(lines) + "\n"
