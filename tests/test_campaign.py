@@ -57,7 +57,7 @@ def setup(tmp_path_factory):
     return root
 
 
-def _round(root, index, init, curve=None):
+def _round(root, index, init, curve=None, max_seconds=600):
     out = root / f"out{index}"
     argv = ["--round", str(index), "--corpus", str(root / "corpus"), "--work",
             str(root / "work"), "--out", str(out), "--init", str(init),
@@ -66,7 +66,7 @@ def _round(root, index, init, curve=None):
             "--steps", "2", "--batch-size", "2", "--max-length", "128", "--num-anchors", "4",
             "--eval-methods", "dflash,domino,domino:T1", "--eval-num-prompts", "1",
             "--eval-max-new-tokens", "4", "--part-mib", "0.02",
-            "--train-args", "--dtype float32 --no-progress"]
+            "--train-args", f"--dtype float32 --no-progress --max-seconds {max_seconds}"]
     if curve:
         argv += ["--curve", str(curve)]
     assert campaign.main(argv) == 0
@@ -101,6 +101,11 @@ def test_two_rounds(setup):
         assert (restored / name).read_bytes() == (bf16 / name).read_bytes()
     parts = [f for f in (out1 / "draft").rglob("part-*")]
     assert len(parts) >= 2 and all(f.stat().st_size <= 0.02 * 2 ** 20 for f in parts)
+    # a deadline: the round ends after its first step, evaluated and exported all the same
+    out2 = _round(root, 2, root / "work" / "round-1" / "draft-bf16", out1 / "curve.json",
+                  max_seconds=0)
+    with open(out2 / "curve.json") as f:
+        assert [p["steps_total"] for p in json.load(f)] == [2, 4, 5]
     with open(out1 / "round.json") as f:
         record = json.load(f)
     assert record["point"] == curve[-1] and record["generate"]["greedy"]["written"] == 4

@@ -106,6 +106,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "a released or shipped drafter); its geometry and mask replace "
                         "--draft-layers/--block-size/--gru-hidden-dim/--emb-dim/--mask-token-id")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--max-seconds", type=float, default=None,
+                   help="end the run (evaluate, checkpoint, export) after the first step "
+                        "finishing this many seconds into the training loop (a deadline)")
     # long runs: resume from elsewhere, checkpoints kept, held-out tau (train/README.md)
     p.add_argument("--resume-from", default=None, metavar="DIR",
                    help="continue from the latest checkpoint of this run / checkpoint folder "
@@ -242,7 +245,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                        args.gru_hidden_dim, args.emb_dim, args.mask_token_id, args.resume,
                        examples=examples, progress=not args.no_progress,
                        eval_config=args.eval_config, keep_checkpoints=args.keep_checkpoints,
-                       keep_best=args.keep_best, resume_from=args.resume_from)
+                       keep_best=args.keep_best, resume_from=args.resume_from,
+                       max_seconds=args.max_seconds)
     except RunError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)

@@ -161,6 +161,7 @@ def train_phase(args, work: str, out: str) -> dict:
             "eval_seconds": sum(float(p.get("eval_seconds", 0.0)) for p in points),
             "tau_before": points[0]["tau"] if len(points) > 1 else None,
             "tau_after": points[-1]["tau"], "loss": points[-1].get("loss"),
+            "steps": int(points[-1]["step"]),
             "wall_seconds": points[-1].get("wall_seconds")}
 
 
@@ -222,10 +223,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         record["generate_seconds"] = time.perf_counter() - t0
     if "train" in args.phases:
         record["train"] = train_phase(args, args.work, args.out)
-        done = totals(curve)
+        done, steps = totals(curve), record["train"]["steps"]   # fewer on a deadline
         point = {"round": args.round, "init": os.path.abspath(args.init),
-                 "steps_round": args.steps, "steps_total": done["steps"] + args.steps,
-                 "examples_seen_total": done["examples_seen"] + args.steps * args.batch_size,
+                 "steps_round": steps, "steps_total": done["steps"] + steps,
+                 "examples_seen_total": done["examples_seen"] + steps * args.batch_size,
                  "distinct_examples": record["train"]["distinct_examples"],
                  "tau_before": record["train"]["tau_before"],
                  "tau": record["train"]["tau_after"], "loss": record["train"]["loss"],

@@ -201,7 +201,7 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
           target_params: Any = None, export: bool = True, progress: bool = True,
           stop_after: int | None = None, eval_config: EvalConfig | None = None,
           encode=None, keep_checkpoints: int = 2, keep_best: bool = False,
-          resume_from: str | None = None) -> TrainResult:
+          resume_from: str | None = None, max_seconds: float | None = None) -> TrainResult:
     """Train a drafter against a frozen target (loaded from ``target_dir`` unless
     ``target``/``target_params`` are given) on ``data_path`` (or ``examples``).
 
@@ -214,7 +214,11 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
     ``out_dir/curve.json`` (+ ``curve.png``); ``encode(text) -> ids`` overrides the target
     folder's chat template. ``keep_checkpoints``: last K kept; ``keep_best``: also
     ``out_dir/best/`` (highest held-out tau) exported as ``draft-best/``.
-    ``stop_after``: leave the loop after that global step (as if interrupted; tests)."""
+    ``stop_after``: leave the loop after that global step (as if interrupted; tests).
+    ``max_seconds``: end the run after the first step that finishes that many seconds into
+    the loop (compile and the first evaluation excluded): that step is treated as the last
+    (evaluated, checkpointed, exported), the learning-rate schedule stays the one of
+    ``cfg.steps`` (a deadline for a lent machine, not a shorter schedule)."""
     from tqdm.auto import tqdm
 
     compute = jnp.dtype(cfg.compute_dtype)
@@ -367,6 +371,7 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not (progress and is_primary()),
                desc=f"train {cfg.drafter}")
     window_t, window_tokens, window_steps = time.perf_counter(), 0.0, 0
+    t_loop = time.perf_counter()
     pending_tokens: list = []           # multi-process: global token counts, device scalars
 
     def fold_tokens() -> None:
@@ -389,7 +394,11 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
             window_tokens += batch_tokens
         window_steps += 1
         step = i + 1
-        last = step == cfg.steps
+        out_of_time = max_seconds is not None and time.perf_counter() - t_loop >= max_seconds
+        if out_of_time:
+            log.info("step %d: %.0f s of training reached (max_seconds): ending the run here",
+                     step, max_seconds)
+        last = step == cfg.steps or out_of_time
         if step % cfg.log_every == 0 or last or step == start + 1 or \
                 step % cfg.checkpoint_every == 0:
             fold_tokens()
@@ -414,7 +423,7 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
             window_t = time.perf_counter()          # eval time is not step time
         if step % cfg.checkpoint_every == 0 or last:
             save_checkpoint(manager, state, dict(run_meta(step), window=window.sums()))
-        if stop_after is not None and step >= stop_after:
+        if (stop_after is not None and step >= stop_after) or out_of_time:
             break
     if metrics_file is not None:
         metrics_file.close()
