@@ -97,6 +97,12 @@ def _read_jsonl(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def _kinds(corpus: str) -> int:
+    """Number of prompt kinds in the corpus's ``heldout.jsonl`` (at least 1)."""
+    kinds = {r.get("kind", "all") for r in _read_jsonl(os.path.join(corpus, "heldout.jsonl"))}
+    return max(1, len(kinds))
+
+
 def generate_phase(args, work: str) -> dict:
     """Append this round's greedy and sampled responses to ``WORK/shards``."""
     from domino_jax.train import shards
@@ -142,6 +148,8 @@ def train_phase(args, work: str, out: str) -> dict:
             "--eval-prompts", os.path.join(args.corpus, "heldout.jsonl"),
             "--eval-every", "0", "--eval-num-prompts", str(args.eval_num_prompts),
             "--eval-max-new-tokens", str(args.eval_max_new_tokens),
+            # every held-out prompt in one batch: one padded width, one compile per method
+            "--eval-batch-size", str(args.eval_num_prompts * _kinds(args.corpus)),
             "--eval-methods", ",".join(args.eval_methods)] + args.train_args
     if args.target:
         argv += ["--target", args.target]
@@ -188,7 +196,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-length", type=int, default=448)
     p.add_argument("--num-anchors", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--eval-methods", default="ngram,dflash,domino,dominotree@16,domino:T1")
+    p.add_argument("--eval-methods", default="dflash,domino,dominotree@16,domino:T1",
+                   help="each method compiles its decode program once a round (~20 s on a "
+                        "GPU); ngram, the drafter-free floor, needs measuring once")
     p.add_argument("--eval-num-prompts", type=int, default=16, help="per kind")
     p.add_argument("--eval-max-new-tokens", type=int, default=64)
     p.add_argument("--part-mib", type=float, default=15.0)
