@@ -27,7 +27,7 @@ from domino_jax.pallas import (ATTENTION_IMPLEMENTATIONS, DEFAULT_PREFILL_CHUNK,
 
 DEFAULT_PROMPT = "Explain in three sentences why the sky is blue."
 DEFAULT_WIDTH = "auto"       # --draft-length / --budget of block drafters
-DEFAULT_ADAPTIVE_LOOKUP = "on"    # --adaptive-lookup: +4% over auto alone (README, issue 18)
+DEFAULT_ADAPTIVE_LOOKUP = "on"    # --adaptive-lookup (docs/design.md §12)
 log = logging.getLogger("domino_jax.decode")
 
 

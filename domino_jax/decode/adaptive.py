@@ -47,8 +47,7 @@ give to AR is a probe when the probe costs at most two AR steps (a good drafter 
 once).
 
 A chain arm of ``k`` drafts never verifies depths beyond ``k``, so their discounted estimates
-alone could keep the policy at ``k`` for good (measured on the H200 at the Qwen3-8B shape,
-batch 1: 8 drafts chosen where 16 were 12% faster at forced tau 6, 22% at tau 8). So the
+alone could keep the policy at ``k`` for good (``docs/design.md`` §11). So the
 policy also **widens by probing**: when the next wider chain arm would beat the chosen one with its unseen depths at the deepest observed rate (no discount), it
 runs once after ``widen_interval * e`` rounds, ``e`` its extra cost over the chosen arm's as
 a fraction (so widening probes cost at most ``1 / widen_interval`` extra); each that commits
@@ -113,7 +112,7 @@ class AdaptiveConfig:
     margin: float = 0.1
     widen: bool = True       # widening probes (see the module docstring)
     # optimism in the choice: each depth's rate + explore / sqrt(observed + prior_weight)
-    # (0 = off; simulated, not measured on a device: benchmarks/NOTES.md entry 22)
+    # (0 = off; simulated, not measured on a device: docs/design.md §11)
     explore: float = 0.0
 
     def __post_init__(self):
@@ -464,10 +463,9 @@ def draft_narrow(drafter, rows: int, config, target_params, draft_params, state,
     """:func:`domino_jax.decode.round.draft` on the buffer's first ``rows`` rows when
     every live row's buffered context fits in them, else on the whole buffer (``lax.cond``).
 
-    The backbone's cost grows with the context rows it reads: a 2-draft arm fed the whole
-    33-row buffer (16 drafts' commit + the AR slack) cost 3% more than the plain 2-draft
-    loop, reading 8 rows the same (``benchmarks/ar_arm_cost.py``, CPU, batch 4, NOTES entry
-    21). The rows past ``context_len`` are masked either way, so both programs propose the
+    The backbone's cost grows with the context rows it reads: a narrow arm fed the whole
+    buffer (16 drafts' commit + the AR slack) cost more than the plain fixed-width loop,
+    reading its first rows the same (``docs/design.md`` §16). The rows past ``context_len`` are masked either way, so both programs propose the
     same drafts (done rows, whose context no longer matters, are clipped to ``rows``)."""
     if rows >= state.context.shape[1]:
         return round_lib.draft(drafter, config, target_params, draft_params, state, key)

@@ -1,4 +1,4 @@
-"""The prompt-lookup arms of adaptive speculation (issue 18, item 3).
+"""The prompt-lookup arms of adaptive speculation (``docs/design.md`` §12).
 
 With ``AdaptiveConfig.lookup = (k, ...)`` the adaptive loop of a chain method
 (:mod:`domino_jax.decode.adaptive`) has, besides the AR step and the drafter's chain arms,

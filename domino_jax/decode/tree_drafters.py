@@ -9,7 +9,7 @@ in one forward with the tree attention mask, walks the target's samples down the
 (``match`` only: best-first trees define no draft distribution per node) and gathers the
 accepted path's K/V into place (:mod:`domino_jax.decode.round`).
 
-Hybrids with the prompt lookup (:mod:`domino_jax.decode.ngram`, issue 18): with
+Hybrids with the prompt lookup (:mod:`domino_jax.decode.ngram`; ``docs/design.md`` §14): with
 ``lookup_branch = G > 0`` a tree's last ``G`` nodes are the lookup's budget: on rounds
 where the lookup matches, its ``G``-token continuation is grafted in as one more path
 (sharing the prefix the tree already has; :func:`~domino_jax.decode.ngram.graft_branch`),
