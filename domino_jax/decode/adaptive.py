@@ -154,7 +154,7 @@ def resolve_widths(adaptive: AdaptiveConfig, drafter) -> tuple[int, ...]:
     if adaptive.lookup and _is_tree(drafter):
         raise ValueError(f"adaptive lookup arms take a chain method (dflash, domino), not "
                          f"{drafter.method!r} (its hybrid is --lookup-branch)")
-    top = drafter.options.budget if _is_tree(drafter) else drafter.num_drafts
+    top = drafter.options.fixed_budget if _is_tree(drafter) else drafter.num_drafts
     widths = adaptive.widths or (DEFAULT_TREE_BUDGETS if _is_tree(drafter)
                                  else DEFAULT_CHAIN_WIDTHS)
     widths = tuple(w for w in widths if w <= top)

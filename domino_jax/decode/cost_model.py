@@ -47,8 +47,10 @@ def cost_key(target, drafter, config, widths: Sequence[int], batch: int, capacit
     the cache capacity and the arm widths."""
     device = jax.devices()[0]
     t, d = target.config, drafter.config
-    options = [f"{f.name}={getattr(drafter.options, f.name)}"
-               for f in dataclasses.fields(drafter.options)]
+    fixed = getattr(drafter.options, "fixed", None)     # auto widths key as the widest
+    drafter_options = fixed() if fixed is not None else drafter.options
+    options = [f"{f.name}={getattr(drafter_options, f.name)}"
+               for f in dataclasses.fields(drafter_options)]
     return "|".join([
         f"{device.platform}:{device.device_kind}",
         f"target={t.architecture}:{t.num_layers}x{t.hidden_size}:{t.intermediate_size}:"
