@@ -492,23 +492,20 @@ def arm_round(target, base, width: int, config, target_params, draft_params, sta
         return lookup_arm.lookup_round(
             target, base, -width, config, target_params, draft_params, state,
             lambda s: flush_buffer(base, target_params, draft_params, s), lookup_drafts)
-    key, draft_key, verify_key = jax.random.split(state.key, 3)
     drafter = arm_drafter(base, width)
     if drafter is not None:
-        proposal = draft_narrow(drafter, narrow_rows(base, drafter), config, target_params,
-                                draft_params, state, draft_key)
-        verified = round_lib.verify(target, drafter, config, target_params, state, proposal,
-                                    verify_key)
-        new = round_lib.commit(drafter, config, state, verified, key)
+        rows = narrow_rows(base, drafter)
+        new = round_lib.run_round(
+            target, drafter, config, target_params, draft_params, state,
+            lambda s, k: draft_narrow(drafter, rows, config, target_params, draft_params, s, k))
         return new.replace(context=_fit_context(new.context, buffer))
     if flush:
         state = flush_buffer(base, target_params, draft_params, state)
     # the AR step: the root alone, verified and committed by the base drafter (its taps),
     # its features appended to the buffer
-    proposal = Proposal(jnp.zeros((state.root.shape[0], 0), jnp.int32), state.draft_cache)
-    verified = round_lib.verify(target, base, config, target_params, state, proposal,
-                                verify_key)
-    new = round_lib.commit(base, config, state, verified, key)
+    new = round_lib.run_round(
+        target, base, config, target_params, draft_params, state,
+        lambda s, k: Proposal(jnp.zeros((s.root.shape[0], 0), jnp.int32), s.draft_cache))
     rows = jnp.arange(buffer)[None, :, None]
     append = (rows == state.context_len[:, None, None]) & (new.context_len[:, None, None] > 0)
     context = jnp.where(append, new.context[:, :1], state.context)
