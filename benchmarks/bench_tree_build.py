@@ -4,10 +4,10 @@ DominoTree (K = 16 depths, node_topk 8, topm 64, the real head shape: H 4096, G 
 E 256, V 151936) and DDTree (K = 15 depths over V = 151936), budgets 8/16/32/64, batch 1,
 with the library's builder (domino_jax/decode/tree.py, one batched step per depth),
 DominoTree with the head in its decode layout (``DecodeHead`` with the GRU input table, what
-``load_pair`` gives) and in its checkpoint layout. (Results before the round contract, issue
-16, also timed the heap builders now kept in tests/heap_tree_builders.py as the reference.)
+``load_pair`` gives) and in its checkpoint layout. (Older results also timed the heap
+builders now kept in tests/heap_tree_builders.py as the reference.)
 Each build is one jitted call; warm-up first, then the median of ``--reps`` calls with
-``block_until_ready``. Target: <= 0.5 ms per round at budget 16 (benchmarks/README.md).
+``block_until_ready``. Target: <= 0.5 ms per round at budget 16 (docs/design.md §6-7).
 ``--head-kernels xla,pallas`` also times DominoTree (decode head) with its depth steps through
 the fused Pallas kernel (``domino_jax/pallas/tree_step.py``) in the same process, and checks
 that it builds the XLA path's tree.
@@ -114,7 +114,7 @@ def main() -> None:
         print(" ".join(f"{name} {value:.3f}" if isinstance(value, float) else f"{name} {value}"
                        for name, value in row.items()), flush=True)
     # the vocabulary-wide top-k that every build starts with ([K, V] float32): XLA's
-    # lax.top_k against the two-stage top-k of domino_jax/topk.py (NOTES.md entry 4)
+    # lax.top_k against the two-stage top-k of domino_jax/topk.py (docs/design.md §7)
     from domino_jax import topk as topk_lib
     logits32 = base.astype(jnp.float32)
     topk_rows = []

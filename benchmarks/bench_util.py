@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HBM_BYTES_PER_S = 4.3e12          # H200 device-to-device copy (benchmarks/NOTES.md)
+HBM_BYTES_PER_S = 4.3e12          # the floors' bandwidth (docs/design.md §22)
 
 
 def tree_bytes(tree) -> int:

@@ -1,7 +1,6 @@
 """Run a benchmark child process with a wall-clock limit, streaming its output.
 
-Shared by ``bench_decode.py`` (the Hugging Face worker) and ``xla_flags_sweep.py`` (one
-``bench_decode.py`` per flag variant). The child gets its own process group, so a timeout
+Used by ``bench_decode.py`` (the Hugging Face worker). The child gets its own process group, so a timeout
 kills it together with anything it started (torch.compile workers); its output is echoed
 line by line with a prefix, optionally copied to a log file, and the last lines are kept for
 error records.

@@ -1,11 +1,10 @@
 """JAX's persistent compilation cache for the command-line tools.
 
-A run of ``python -m domino_jax.decode`` compiles the prefill and the round loop (on the
-CPU demo pair, 33 s of a 64 s ``./dev demo``). XLA's persistent cache keeps each compiled
-program on disk, keyed by the whole program, the compile options and the jax/jaxlib
-versions, so the next run with the same shapes loads it instead: the demo's "compiling
-domino" step 33 s -> 14 s (the rest is tracing and lowering) and the whole ``./dev demo``
-64 s -> 36 s (2026-12-04, CPU, the AMD EPYC machine). A hit runs exactly what a compile
+A run of ``python -m domino_jax.decode`` spends much of its time compiling the prefill and
+the round loop. XLA's persistent cache keeps each compiled program on disk, keyed by the
+whole program, the compile options and the jax/jaxlib versions, so the next run with the
+same shapes loads it instead (what that saves on the demo: ``docs/design.md`` §20; the
+rest of a "compiling" step is tracing and lowering). A hit runs exactly what a compile
 would have built.
 
 ``--compile-cache DIR|off`` picks the folder; the default is ``$DOMINO_JAX_COMPILE_CACHE``,

@@ -3,7 +3,7 @@
 ``jax.lax.top_k`` on a ``[..., V]`` array with ``V`` ~ 150k and ``k`` beyond the small-k
 fast path is a sort of every row on GPUs. The builders and the candidate-pool head need the
 top 8-64 tokens of 16 rows of ``V = 151936`` logits per round, and on GPUs those top-k
-calls were the largest fixed cost of a tree build (benchmarks/NOTES.md, entry 4).
+calls were the largest fixed cost of a tree build (docs/design.md §7).
 
 Two stages, exact:
 
@@ -30,7 +30,7 @@ import jax.numpy as jnp
 CHUNK = 128            # values per chunk (stage 1)
 MIN_VOCAB = 8192       # below this, one lax.top_k is cheap enough
 SMALL_K = 4            # k up to here: lax.top_k (two stages measured faster from k = 8
-                       # on, benchmarks/NOTES.md entry 8; k <= 4 was not measured)
+                       # on, k <= 4 not measured: docs/design.md §7)
 
 
 def two_stage_top_k(x: jax.Array, k: int, chunk: int = CHUNK) -> tuple[jax.Array, jax.Array]:

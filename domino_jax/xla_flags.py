@@ -6,10 +6,9 @@ before the first jax computation, as ``python -m domino_jax.decode`` and the ben
   insertion analyses the branches of a conditional one by one. Without it, XLA CPU copies
   the whole target KV cache twice per layer-pair at the end of every branch of the adaptive
   loop's ``lax.switch`` that writes the draft cache (4 copies of ``[L, B, C, Hkv, D]`` a
-  round): a 2-draft round in the switch cost 1.86 AR steps against 1.51 for the same round
-  in the fixed loop (SmolLM2 pair, batch 4; with the flag 1.56 = the fixed loop's
-  ``benchmarks/ar_arm_cost.py``; NOTES entry 21). Greedy outputs are unchanged (it only
-  decides where buffers are copied).
+  round), which made a drafting arm in the switch dearer than the same round in a fixed
+  loop; with the flag they cost the same (``docs/design.md`` §8). Greedy outputs are
+  unchanged (it only decides where buffers are copied).
 
 A flag the user already gives in ``XLA_FLAGS`` (either value) is left as it is;
 ``DOMINO_JAX_XLA_DEFAULTS=0`` turns the defaults off.

@@ -451,12 +451,13 @@ def test_cli_width_flags(capsys, monkeypatch):
         chat_template=None, eos_token_id=None, encode=lambda text: [1, 2, 3]))
     fix = os.path.join(os.path.dirname(__file__), "fixtures", "reference", "domino_shift")
     pair = ["--target", os.path.join(fix, "target"), "--draft", os.path.join(fix, "draft")]
-    for extra, expected in (([], dict(draft_length=0)), (["--draft-length", "3"],
-                                                         dict(draft_length=3)),
-                            (["--method", "ddtree"], dict(budget=16)),
+    # "auto" reaches the options as "auto"; the fixed_* properties give the widest width
+    for extra, expected in (([], dict(draft_length="auto", fixed_draft_length=0)),
+                            (["--draft-length", "3"], dict(draft_length=3)),
+                            (["--method", "ddtree"], dict(budget="auto", fixed_budget=16)),
                             (["--method", "ddtree", "--budget", "8"], dict(budget=8)),
                             (["--method", "ddtree", "--draft-length", "2"],
-                             dict(budget=16, draft_length=2)),
+                             dict(budget="auto", fixed_budget=16, draft_length=2)),
                             ([], dict(trim_block=False)),
                             (["--draft-length", "2", "--trim-block", "on"],
                              dict(draft_length=2, trim_block=True))):

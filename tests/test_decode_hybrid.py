@@ -245,20 +245,36 @@ def test_option_errors():
         method_options("domino", lookup_branch=4)
     with pytest.raises(ValueError, match="match"):
         DecodeConfig(method="dominolookup", verify="rejection")
-    from domino_jax.decode.__main__ import _given_options, _widths, build_parser
+    from domino_jax.decode.__main__ import _adaptive_widths, _given_options, build_parser
     from domino_jax.decode.methods import drafter_class
 
     args = build_parser().parse_args(["--method", "domino", "--lookup-branch", "4"])
     with pytest.raises(ValueError, match="--lookup-branch is not an option"):
-        _widths(args, drafter_class("domino"))
         _given_options(args, drafter_class("domino").Options)
-    for argv, want, auto in ((["--method", "ddtree"], 0, True),
-                             (["--method", "ddtree", "--lookup-branch", "4"], 4, False),
-                             (["--method", "dominolookup"], 4, False)):
+    for argv, want, auto, budget in ((["--method", "ddtree"], 0, True, 16),
+                                     (["--method", "ddtree", "--lookup-branch", "4"], 4, False, 16),
+                                     (["--method", "ddtree", "--budget", "8"], 0, False, 8),
+                                     (["--method", "dominolookup"], 4, False, None)):
         args = build_parser().parse_args(argv)
+        before = vars(args).copy()
         cls = drafter_class(argv[1])
-        assert _widths(args, cls) == auto, argv          # adaptive widths: not the hybrids
-        assert method_options(argv[1], **_given_options(args, cls.Options)).lookup_branch == want
+        options = method_options(argv[1], **_given_options(args, cls.Options))
+        assert _adaptive_widths(args, cls, options) == auto, argv   # not the hybrids
+        assert options.lookup_branch == want
+        assert vars(args) == before, argv              # the parsed arguments stay as parsed
+        if budget is not None:                          # auto: the widest fixed budget
+            assert options.fixed_budget == budget and options.fixed_draft_length == 0
+    for argv, length, auto in ((["--method", "domino"], "auto", True),
+                               (["--method", "domino", "--draft-length", "4"], 4, False)):
+        args = build_parser().parse_args(argv)
+        options = method_options("domino", **_given_options(args, drafter_class("domino").Options))
+        assert options.draft_length == length and _adaptive_widths(args, drafter_class("domino"),
+                                                                   options) == auto
+        assert options.fixed_draft_length == (0 if auto else 4)
+    with pytest.raises(ValueError, match="draft length"):
+        method_options("domino", draft_length="wide")
+    with pytest.raises(ValueError, match="tree budget"):
+        method_options("ddtree", budget="wide")
     del cfg
 
 

@@ -27,7 +27,7 @@ from domino_jax.pallas import (ATTENTION_IMPLEMENTATIONS, DEFAULT_PREFILL_CHUNK,
 
 DEFAULT_PROMPT = "Explain in three sentences why the sky is blue."
 DEFAULT_WIDTH = "auto"       # --draft-length / --budget of block drafters
-DEFAULT_ADAPTIVE_LOOKUP = "on"    # --adaptive-lookup: +4% over auto alone (README, issue 18)
+DEFAULT_ADAPTIVE_LOOKUP = "on"    # --adaptive-lookup (docs/design.md §12)
 log = logging.getLogger("domino_jax.decode")
 
 
@@ -199,22 +199,19 @@ def _auto_or_int(flag: str):
     return _positive(flag, auto=True)
 
 
-def _widths(args, drafter_cls):
-    """``--draft-length`` / ``--budget``: the fixed values handed to the method's options
-    (``auto`` -> the widest: the whole block, budget 16) and whether widths are adaptive."""
+def _adaptive_widths(args, drafter_cls, options) -> bool:
+    """Whether the method's widths are chosen per round: a block drafter whose width option
+    (``draft_length`` of a chain, ``budget`` of a tree) is ``auto``, except the prompt-lookup
+    hybrids (``--lookup-branch``, ``dominolookup``: the adaptive arms do not graft the
+    lookup), whose ``auto`` runs the widest fixed width (the options' ``fixed_*``)."""
     from domino_jax.decode.drafters import BlockDrafter
 
+    if not issubclass(drafter_cls, BlockDrafter):
+        return False
     fields = {f.name for f in dataclasses.fields(drafter_cls.Options)}
-    # adaptive widths: not with the prompt-lookup hybrids (their arms do not graft the lookup)
     hybrid = "lookup_branch" in fields and (args.lookup_branch is not None
                                             or "budget" not in fields)
-    auto = issubclass(drafter_cls, BlockDrafter) and not hybrid and (
-        args.budget if drafter_cls.proposes_trees else args.draft_length) == "auto"
-    if args.draft_length == "auto" and "draft_length" in fields:
-        args.draft_length = 0
-    if args.budget == "auto" and "budget" in fields:
-        args.budget = 16
-    return auto
+    return options.adaptive and not hybrid
 
 
 def _adaptive_config(args, drafter_cls):
@@ -264,8 +261,8 @@ def _run(args) -> int:
 
     enable_compile_cache(args.compile_cache)
     target_dir, draft_dir = default_models(args.target, args.draft)
-    if args.compare_ar is None:
-        args.compare_ar = args.target is None     # the demo shows tau and the speedup
+    compare_ar = (args.target is None if args.compare_ar is None    # the demo shows tau
+                  else args.compare_ar)                              # and the speedup
     method = args.method or ("domino" if draft_dir else "ar")
     drafter_cls = drafter_class(method)
     if drafter_cls.needs_checkpoint and not draft_dir:
@@ -273,8 +270,8 @@ def _run(args) -> int:
     if not drafter_cls.needs_checkpoint and args.draft:
         raise ValueError(f"--method {method} uses no drafter checkpoint: drop --draft")
     uses_draft = drafter_cls.needs_checkpoint
-    auto = _widths(args, drafter_cls)
     options = method_options(method, **_given_options(args, drafter_cls.Options))
+    auto = _adaptive_widths(args, drafter_cls, options)
     prefill = PrefillConfig(chunk=args.prefill_chunk, attention=args.prefill_attention)
     config = DecodeConfig(                            # every option checked before loading
         method=method, max_new_tokens=args.max_new_tokens,
@@ -317,7 +314,7 @@ def _run(args) -> int:
 
     with mesh_context(mesh):
         decode_and_report(target, target_params, drafter, draft_params, prompts, texts,
-                          tokenizer, config, seed=args.seed, compare_ar=args.compare_ar,
+                          tokenizer, config, seed=args.seed, compare_ar=compare_ar,
                           stream_rounds=args.stream_rounds, as_json=args.json,
                           slots=args.slots,
                           cost_model=CostModel(path=args.cost_table,

@@ -47,8 +47,7 @@ give to AR is a probe when the probe costs at most two AR steps (a good drafter 
 once).
 
 A chain arm of ``k`` drafts never verifies depths beyond ``k``, so their discounted estimates
-alone could keep the policy at ``k`` for good (measured on the H200 at the Qwen3-8B shape,
-batch 1: 8 drafts chosen where 16 were 12% faster at forced tau 6, 22% at tau 8). So the
+alone could keep the policy at ``k`` for good (``docs/design.md`` §11). So the
 policy also **widens by probing**: when the next wider chain arm would beat the chosen one with its unseen depths at the deepest observed rate (no discount), it
 runs once after ``widen_interval * e`` rounds, ``e`` its extra cost over the chosen arm's as
 a fraction (so widening probes cost at most ``1 / widen_interval`` extra); each that commits
@@ -113,7 +112,7 @@ class AdaptiveConfig:
     margin: float = 0.1
     widen: bool = True       # widening probes (see the module docstring)
     # optimism in the choice: each depth's rate + explore / sqrt(observed + prior_weight)
-    # (0 = off; simulated, not measured on a device: benchmarks/NOTES.md entry 22)
+    # (0 = off; simulated, not measured on a device: docs/design.md §11)
     explore: float = 0.0
 
     def __post_init__(self):
@@ -155,7 +154,7 @@ def resolve_widths(adaptive: AdaptiveConfig, drafter) -> tuple[int, ...]:
     if adaptive.lookup and _is_tree(drafter):
         raise ValueError(f"adaptive lookup arms take a chain method (dflash, domino), not "
                          f"{drafter.method!r} (its hybrid is --lookup-branch)")
-    top = drafter.options.budget if _is_tree(drafter) else drafter.num_drafts
+    top = drafter.options.fixed_budget if _is_tree(drafter) else drafter.num_drafts
     widths = adaptive.widths or (DEFAULT_TREE_BUDGETS if _is_tree(drafter)
                                  else DEFAULT_CHAIN_WIDTHS)
     widths = tuple(w for w in widths if w <= top)
@@ -464,10 +463,9 @@ def draft_narrow(drafter, rows: int, config, target_params, draft_params, state,
     """:func:`domino_jax.decode.round.draft` on the buffer's first ``rows`` rows when
     every live row's buffered context fits in them, else on the whole buffer (``lax.cond``).
 
-    The backbone's cost grows with the context rows it reads: a 2-draft arm fed the whole
-    33-row buffer (16 drafts' commit + the AR slack) cost 3% more than the plain 2-draft
-    loop, reading 8 rows the same (``benchmarks/ar_arm_cost.py``, CPU, batch 4, NOTES entry
-    21). The rows past ``context_len`` are masked either way, so both programs propose the
+    The backbone's cost grows with the context rows it reads: a narrow arm fed the whole
+    buffer (16 drafts' commit + the AR slack) cost more than the plain fixed-width loop,
+    reading its first rows the same (``docs/design.md`` §16). The rows past ``context_len`` are masked either way, so both programs propose the
     same drafts (done rows, whose context no longer matters, are clipped to ``rows``)."""
     if rows >= state.context.shape[1]:
         return round_lib.draft(drafter, config, target_params, draft_params, state, key)
@@ -494,23 +492,20 @@ def arm_round(target, base, width: int, config, target_params, draft_params, sta
         return lookup_arm.lookup_round(
             target, base, -width, config, target_params, draft_params, state,
             lambda s: flush_buffer(base, target_params, draft_params, s), lookup_drafts)
-    key, draft_key, verify_key = jax.random.split(state.key, 3)
     drafter = arm_drafter(base, width)
     if drafter is not None:
-        proposal = draft_narrow(drafter, narrow_rows(base, drafter), config, target_params,
-                                draft_params, state, draft_key)
-        verified = round_lib.verify(target, drafter, config, target_params, state, proposal,
-                                    verify_key)
-        new = round_lib.commit(drafter, config, state, verified, key)
+        rows = narrow_rows(base, drafter)
+        new = round_lib.run_round(
+            target, drafter, config, target_params, draft_params, state,
+            lambda s, k: draft_narrow(drafter, rows, config, target_params, draft_params, s, k))
         return new.replace(context=_fit_context(new.context, buffer))
     if flush:
         state = flush_buffer(base, target_params, draft_params, state)
     # the AR step: the root alone, verified and committed by the base drafter (its taps),
     # its features appended to the buffer
-    proposal = Proposal(jnp.zeros((state.root.shape[0], 0), jnp.int32), state.draft_cache)
-    verified = round_lib.verify(target, base, config, target_params, state, proposal,
-                                verify_key)
-    new = round_lib.commit(base, config, state, verified, key)
+    new = round_lib.run_round(
+        target, base, config, target_params, draft_params, state,
+        lambda s, k: Proposal(jnp.zeros((s.root.shape[0], 0), jnp.int32), s.draft_cache))
     rows = jnp.arange(buffer)[None, :, None]
     append = (rows == state.context_len[:, None, None]) & (new.context_len[:, None, None] > 0)
     context = jnp.where(append, new.context[:, :1], state.context)

@@ -47,8 +47,10 @@ def cost_key(target, drafter, config, widths: Sequence[int], batch: int, capacit
     the cache capacity and the arm widths."""
     device = jax.devices()[0]
     t, d = target.config, drafter.config
-    options = [f"{f.name}={getattr(drafter.options, f.name)}"
-               for f in dataclasses.fields(drafter.options)]
+    fixed = getattr(drafter.options, "fixed", None)     # auto widths key as the widest
+    drafter_options = fixed() if fixed is not None else drafter.options
+    options = [f"{f.name}={getattr(drafter_options, f.name)}"
+               for f in dataclasses.fields(drafter_options)]
     return "|".join([
         f"{device.platform}:{device.device_kind}",
         f"target={t.architecture}:{t.num_layers}x{t.hidden_size}:{t.intermediate_size}:"
@@ -103,11 +105,8 @@ def calibrate(run_forced: Callable[[int, int], tuple[float, int]], num_arms: int
 
     Each timing first loses the call's fixed cost (launch, host sync), the fastest of
     ``reps`` calls that run no round (``run_forced(0, 0)``): divided over a few rounds it
-    would lift every arm by the same milliseconds and squeeze their ratios. On the H200
-    that was ~6 ms a call: an AR step calibrated at 6.9 ms over 3 rounds against 4.9 ms in
-    the loop, 16 drafts at 1.29 AR steps against 1.45: the costs in
-    ``benchmarks/results/batch_sweep_costs_h200_2026-12-02_072643.json`` against the
-    loop's ms per round in ``batch_sweep_2026-12-02_072643.md``)."""
+    would lift every arm by the same milliseconds and squeeze their ratios
+    (``docs/design.md`` §10)."""
     run_forced(0, 1)
     overhead = min(run_forced(0, 0)[0] for _ in range(max(reps, 1)))
     samples: list[list[float]] = [[] for _ in range(num_arms)]
@@ -130,9 +129,9 @@ def calibrate(run_forced: Callable[[int, int], tuple[float, int]], num_arms: int
 
 def floor_at_ar(costs: Sequence[float]) -> list[float]:
     """Every arm is an AR step's verify and bookkeeping plus more rows, so none costs less
-    than arm 0: a lower calibrated time is load noise (a lookup arm calibrated at 52 ms
-    against the AR step's 56 on the CPU looked free and held the demo prompt at 1.07x, where
-    the drafter arms alone gave 1.38x). Applied to calibrations and to stored tables."""
+    than arm 0: a lower calibrated time is load noise, and an arm that looks free can hold
+    the policy away from the drafter (``docs/design.md`` §10). Applied to calibrations and
+    to stored tables."""
     return [float(costs[0])] + [max(float(c), float(costs[0])) for c in costs[1:]]
 
 

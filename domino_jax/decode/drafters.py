@@ -30,6 +30,8 @@ from domino_jax.models import dflash, domino_head
 from domino_jax.models.qwen3 import TargetLM, TargetOutput
 from domino_jax.pallas import HEAD_IMPLEMENTATIONS, check_implementation, head_kernels
 
+AUTO = "auto"    # a width option's adaptive value (--draft-length auto, --budget auto)
+
 
 def one_hot_log_probs(tokens: jax.Array, vocab: int) -> jax.Array:
     return jnp.where(jax.nn.one_hot(tokens, vocab, dtype=bool), 0.0, -jnp.inf)
@@ -43,23 +45,41 @@ class BlockOptions:
     the checkpoint's layout (full attention unless it declares sliding layers).
     ``draft_length``: draft positions used per round, ``1..K`` (``--draft-length N``; the
     first ``N`` of the block: the LM head and the Domino head run over ``N`` rows); ``0``:
-    all ``K``. Adaptive widths (``--draft-length auto``) are :mod:`domino_jax.decode.adaptive`.
+    all ``K``; ``"auto"`` (:data:`AUTO`, the CLI's default): chosen per round by the
+    adaptive policy when the decode config has one (``DecodeConfig.adaptive``,
+    :mod:`domino_jax.decode.adaptive`), else all ``K``.
     ``trim_block``: the backbone runs over only the block slots the ``draft_length`` drafts
     read (``[root, MASK x k]``; ``k`` slots with ``shift_label``) instead of the whole block:
     the layers' cost falls with ``k``, but the block attends non-causally, so the drafts
     change (still verified: lossless either way); off = the reference's drafts."""
 
     context_window: int | None = None
-    draft_length: int = 0
+    draft_length: int | str = 0
     trim_block: bool = False
 
     def __post_init__(self):
         if self.context_window is not None and self.context_window < 1:
             raise ValueError(f"draft context window (--draft-window) must be >= 1 position, "
                              f"got {self.context_window}")
-        if self.draft_length < 0:
-            raise ValueError(f"draft length (--draft-length) must be >= 1 (0 = the whole "
-                             f"block), got {self.draft_length}")
+        if self.draft_length != AUTO and (isinstance(self.draft_length, str)
+                                          or self.draft_length < 0):
+            raise ValueError(f"draft length (--draft-length) must be 'auto' or >= 1 (0 = the "
+                             f"whole block), got {self.draft_length!r}")
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether the width is ``auto`` (for a chain, ``draft_length``; trees: ``budget``)."""
+        return self.draft_length == AUTO
+
+    @property
+    def fixed_draft_length(self) -> int:
+        """``draft_length`` as a fixed width: ``auto`` is the widest, the whole block (0)."""
+        return 0 if self.draft_length == AUTO else self.draft_length
+
+    def fixed(self):
+        """These options with ``auto`` widths as the widest fixed ones: what a round
+        without an adaptive policy runs."""
+        return dataclasses.replace(self, draft_length=self.fixed_draft_length)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +96,7 @@ class BlockDrafter(Drafter):
     keep_history: bool = False    # the loop keeps state.history (the adaptive lookup arms)
 
     def __post_init__(self):
-        if self.options.draft_length > self.config.k_draft:
+        if self.options.fixed_draft_length > self.config.k_draft:
             raise ValueError(f"draft length must be in 1..{self.config.k_draft} (the "
                              f"checkpoint's draft positions per block), got "
                              f"{self.options.draft_length}")
@@ -106,7 +126,7 @@ class BlockDrafter(Drafter):
     def num_positions(self) -> int:
         """``K`` draft positions per block: all B slots with ``shift_label``, else 1..B-1
         (the first ``options.draft_length`` of them when set)."""
-        return self.options.draft_length or self.config.k_draft
+        return self.options.fixed_draft_length or self.config.k_draft
 
     @property
     def num_drafts(self) -> int:

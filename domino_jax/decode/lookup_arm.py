@@ -1,4 +1,4 @@
-"""The prompt-lookup arms of adaptive speculation (issue 18, item 3).
+"""The prompt-lookup arms of adaptive speculation (``docs/design.md`` §12).
 
 With ``AdaptiveConfig.lookup = (k, ...)`` the adaptive loop of a chain method
 (:mod:`domino_jax.decode.adaptive`) has, besides the AR step and the drafter's chain arms,
@@ -147,14 +147,9 @@ def lookup_round(target, base, num_tokens: int, config, target_params, draft_par
     live = ~state.done
     full = jnp.any(live & (state.context_len + num_tokens + 1 > buffer))
     state = jax.lax.cond(full, flush_fn, lambda s: s, state)
-    key, draft_key, verify_key = jax.random.split(state.key, 3)
     arm = LookupArm(base=base, num_tokens=num_tokens, options=config.adaptive.lookup_ngram)
-    if drafts is None:
-        proposal = round_lib.draft(arm, config, target_params, draft_params, state, draft_key)
-    else:
-        proposal = Proposal(drafts[:, :num_tokens], state.draft_cache)
-    verified = round_lib.verify(target, arm, config, target_params, state, proposal,
-                                verify_key)
-    new = round_lib.commit(arm, config, state, verified, key)
+    given = None if drafts is None else (
+        lambda s, k: Proposal(drafts[:, :num_tokens], s.draft_cache))
+    new = round_lib.run_round(target, arm, config, target_params, draft_params, state, given)
     context = append_rows(state.context, state.context_len, new.context, new.context_len)
     return new.replace(context=context, context_len=state.context_len + new.context_len)

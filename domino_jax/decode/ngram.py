@@ -232,7 +232,7 @@ def graft_lookup(tree: DraftTree, history: jax.Array, root_position: jax.Array,
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class NgramOptions:
-    """``--method ngram``'s options (defaults from ``benchmarks/ngram_smollm2.py``): the
+    """``--method ngram``'s options (defaults: ``docs/design.md`` §13): the
     suffix lengths tried (``max_ngram`` down to ``min_ngram``), ``num_tokens`` drafts per
     round, which ``occurrence`` continues, ``wrap`` (see :func:`lookup_drafts`)."""
 
@@ -275,4 +275,4 @@ class NgramDrafter(Drafter):
         return Proposal(lookup.drafts)
 
 
-NGRAM_DEFAULTS = NgramOptions()      # the CLI's defaults (benchmarks/ngram_smollm2.py chose them)
+NGRAM_DEFAULTS = NgramOptions()      # the CLI's defaults (docs/design.md §13)

@@ -192,14 +192,27 @@ def commit(drafter: Drafter, config, state: DecodeState, verified: Verified,
                            state.rounds + live.astype(jnp.int32), hist, history)
 
 
-def decode_round(target: TargetLM, drafter: Drafter | None, config, target_params,
-                 draft_params, state: DecodeState) -> DecodeState:
-    """One round: draft -> verify -> commit."""
+def run_round(target: TargetLM, drafter: Drafter | None, config, target_params, draft_params,
+              state: DecodeState, propose=None) -> DecodeState:
+    """One round, draft -> verify -> commit: the one composition of the stages that every
+    loop runs (a fixed width's :func:`decode_rounds`, each arm of the adaptive loop,
+    :mod:`~domino_jax.decode.adaptive`, and its lookup arms). ``propose(state, key) ->
+    Proposal`` stands in for :func:`draft` where an arm drafts its own way (on a narrowed
+    context buffer, from a lookup already made, or nothing: the AR step)."""
     drafter = _drafter(drafter)
     key, draft_key, verify_key = jax.random.split(state.key, 3)
-    proposal = draft(drafter, config, target_params, draft_params, state, draft_key)
+    if propose is None:
+        proposal = draft(drafter, config, target_params, draft_params, state, draft_key)
+    else:
+        proposal = propose(state, draft_key)
     verified = verify(target, drafter, config, target_params, state, proposal, verify_key)
     return commit(drafter, config, state, verified, key)
+
+
+def decode_round(target: TargetLM, drafter: Drafter | None, config, target_params,
+                 draft_params, state: DecodeState) -> DecodeState:
+    """One round of the drafter's own proposal: :func:`run_round`."""
+    return run_round(target, drafter, config, target_params, draft_params, state)
 
 
 def keep_running(state: DecodeState, rounds: jax.Array, max_rounds: jax.Array,

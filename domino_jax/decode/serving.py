@@ -6,8 +6,8 @@
 :func:`~domino_jax.decode.speculative.generate` runs a static batch: the loop runs until its
 slowest row is done, and the rows that finish first idle through the tail. With speculation
 rows finish at different rounds (each accepts at its own rate), so a static batch pays for
-its slowest row: on the CPU at batch 16-32 the adaptive policy's wider rounds paid on
-average over the rows but not for the last one (``benchmarks/NOTES.md`` entry 24). Serving
+its slowest row: the adaptive policy's wider rounds can pay on average over the rows but
+not for the last one (``docs/design.md`` §9, §18). Serving
 engines (vLLM, SGLang) refill a slot as soon as its request is done; this does the same
 around the same compiled programs:
 
@@ -168,12 +168,10 @@ REFILL_FRACTION = 8
 
 
 def default_refill_rows(slots: int) -> int:
-    """Rows to wait for before a refill: ``slots / 8`` (at least 1). On the H200 at the
-    Qwen3-8B shape, batch 32, each return to the host costs a speculative loop 4-6 ms (the
-    adaptive one without command buffers: ``rounds_compiler_options``) against a 10-11 ms
-    round, and a batch-1 prefill 8.3 ms (``benchmarks/serve_overhead.py``, NOTES entry 25):
-    waiting for 4 rows there leaves a few rows idle for about a round per refill (~1% of the
-    slots' time) and saves 3 calls and 3 weight reads."""
+    """Rows to wait for before a refill: ``slots / 8`` (at least 1). A return to the host
+    and a small prefill each cost about half a round or more, so waiting for a few rows
+    leaves them idle for about a round per refill and saves calls and weight reads
+    (``docs/design.md`` §18)."""
     return max(1, slots // REFILL_FRACTION)
 
 

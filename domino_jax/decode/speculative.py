@@ -365,8 +365,7 @@ class RoundsProgram:
     def __call__(self, *args, done_limit: int | None = None):
         limit = self.batch if done_limit is None else done_limit
         # a NumPy scalar: travels with the call's arguments; jnp.int32 would dispatch a
-        # program of its own first (~1.8 ms of host time a call on the H200's host,
-        # benchmarks/serve_overhead.py --profile, NOTES entry 26)
+        # program of its own first, a host cost on every call (docs/design.md §18)
         return self.compiled(*args, np.int32(limit))
 
     def as_text(self) -> str:
@@ -442,11 +441,11 @@ def compiled_prefill(target, drafter, config, target_params, draft_params, promp
 def rounds_compiler_options(drafter, many_calls: bool) -> dict:
     """XLA options of a round loop's compile. A speculative loop called many times
     (continuous batching returns to the host at every refill) on a GPU is compiled without
-    command buffers (CUDA graphs): on the H200 at the Qwen3-8B shape, batch 32, each call
-    of the adaptive loop cost ~20 ms more than its rounds with them (re-recorded per call,
-    it seems), ~5 ms without, for rounds 7% slower (10.0 -> 10.7 ms); AR's loop pays 0.1
-    ms a call either way and keeps them (``bench_batch_sweep.py --serve 8``, NOTES entry
-    25). Static batches (one call per generation) keep XLA's defaults."""
+    command buffers (CUDA graphs): with them each call of the adaptive loop cost several
+    rounds' time beyond its rounds (re-recorded per call, it seems), without them a fraction
+    of a round, for slightly slower rounds; AR's loop pays little per call either way and
+    keeps them (``docs/design.md`` §18). Static batches (one call per generation) keep
+    XLA's defaults."""
     if many_calls and drafter.num_drafts > 0 and jax.default_backend() == "gpu":
         return {"xla_gpu_enable_command_buffer": ""}
     return {}
@@ -458,9 +457,8 @@ def loop_state_layouts(drafter, many_calls: bool, target_params, draft_params) -
     called many times (continuous batching), its parameters on one device. Inside a
     speculative loop XLA lays the KV caches out with the sequence axis minor (the verify's
     attention products read them so); with default layouts at the program's boundary, every
-    call transposed the target and draft caches in and back out: on the H200 at the Qwen3-8B
-    shape, batch 32, 4.5 ms a call that ran no round (``benchmarks/serve_overhead.py``,
-    NOTES entry 26). With the loop's own layouts the state stays in them between calls
+    call transposed the target and draft caches in and back out (``docs/design.md`` §18).
+    With the loop's own layouts the state stays in them between calls
     (:meth:`RoundsProgram.adopt`, :meth:`RoundsProgram.keeping_layouts`). One device only:
     tensor-parallel parameters keep the default program (their shardings would need stating
     here). On a CPU XLA keeps the default layouts, so this changes nothing there."""

@@ -9,7 +9,7 @@ in one forward with the tree attention mask, walks the target's samples down the
 (``match`` only: best-first trees define no draft distribution per node) and gathers the
 accepted path's K/V into place (:mod:`domino_jax.decode.round`).
 
-Hybrids with the prompt lookup (:mod:`domino_jax.decode.ngram`, issue 18): with
+Hybrids with the prompt lookup (:mod:`domino_jax.decode.ngram`; ``docs/design.md`` §14): with
 ``lookup_branch = G > 0`` a tree's last ``G`` nodes are the lookup's budget: on rounds
 where the lookup matches, its ``G``-token continuation is grafted in as one more path
 (sharing the prefix the tree already has; :func:`~domino_jax.decode.ngram.graft_branch`),
@@ -27,7 +27,8 @@ import jax
 
 from domino_jax.decode import tree as tree_lib
 from domino_jax.decode.contract import Proposal
-from domino_jax.decode.drafters import BlockDrafter, BlockOptions, DominoDrafter, DominoOptions
+from domino_jax.decode.drafters import (AUTO, BlockDrafter, BlockOptions, DominoDrafter,
+                                        DominoOptions)
 from domino_jax.decode.ngram import chain_tree, graft_lookup
 from domino_jax.models import domino_head
 from domino_jax.pallas import HEAD_IMPLEMENTATIONS, check_implementation, head_kernels
@@ -36,19 +37,36 @@ from domino_jax.pallas import HEAD_IMPLEMENTATIONS, check_implementation, head_k
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TreeOptions(BlockOptions):
     """``budget``: tree nodes, root excluded (the verify width is ``budget + 1``);
-    ``lookup_branch``: ``G > 0`` reserves the tree's last ``G`` nodes for the prompt
-    lookup's ``G``-token continuation when it matches (module doc); 0 = off."""
+    ``"auto"`` (:data:`~domino_jax.decode.drafters.AUTO`, the CLI's default): chosen per
+    round by the adaptive policy when the decode config has one, else
+    :data:`AUTO_BUDGET`. ``lookup_branch``: ``G > 0`` reserves the tree's last ``G`` nodes
+    for the prompt lookup's ``G``-token continuation when it matches (module doc); 0 = off."""
 
-    budget: int = 16
+    budget: int | str = 16
     lookup_branch: int = 0
 
     def __post_init__(self):
         super().__post_init__()
-        if self.budget < 1:
-            raise ValueError(f"tree budget must be >= 1, got {self.budget}")
-        if not 0 <= self.lookup_branch <= self.budget:
+        if self.budget != AUTO and (isinstance(self.budget, str) or self.budget < 1):
+            raise ValueError(f"tree budget must be 'auto' or >= 1, got {self.budget!r}")
+        if not 0 <= self.lookup_branch <= self.fixed_budget:
             raise ValueError(f"lookup branch (--lookup-branch) must be 0 (off) .. the tree "
-                             f"budget {self.budget}, got {self.lookup_branch}")
+                             f"budget {self.fixed_budget}, got {self.lookup_branch}")
+
+    @property
+    def adaptive(self) -> bool:
+        return self.budget == AUTO
+
+    @property
+    def fixed_budget(self) -> int:
+        """``budget`` as a fixed width: ``auto`` is the widest arm, :data:`AUTO_BUDGET`."""
+        return AUTO_BUDGET if self.budget == AUTO else self.budget
+
+    def fixed(self):
+        return dataclasses.replace(super().fixed(), budget=self.fixed_budget)
+
+
+AUTO_BUDGET = 16     # --budget auto: the widest tree (and the budget of a fixed run)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -79,7 +97,7 @@ class _TreeDrafter(BlockDrafter):
 
     @property
     def num_drafts(self) -> int:
-        return self.options.budget
+        return self.options.fixed_budget
 
     @property
     def reads_history(self) -> bool:
@@ -89,7 +107,7 @@ class _TreeDrafter(BlockDrafter):
     @property
     def max_commit(self) -> int:
         depth = max(self.num_positions, self.options.lookup_branch)   # the branch may be deeper
-        return min(self.options.budget, depth) + 1
+        return min(self.options.fixed_budget, depth) + 1
 
     def propose(self, target_params, draft_params, state, key, config) -> Proposal:
         del key                                          # best-first trees are deterministic
@@ -110,7 +128,7 @@ class DDTreeDrafter(_TreeDrafter):
 
     def build_tree(self, target_params, draft_params, root, hidden, base):
         """Batched trees ``[B, N]`` from the base logits ``[B, K, V]``."""
-        return jax.vmap(lambda b: tree_lib.build_ddtree(b, self.options.budget))(base)
+        return jax.vmap(lambda b: tree_lib.build_ddtree(b, self.options.fixed_budget))(base)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,10 +149,10 @@ class DominoTreeDrafter(_TreeDrafter):
         root_state = domino_head.root_gru_state(
             head, self.embed(target_params, root).astype(hidden.dtype))     # after [root]
         opts = self.options
-        kernels = head_kernels.tree_kernels(opts.head_kernels, head, opts.budget,
+        kernels = head_kernels.tree_kernels(opts.head_kernels, head, opts.fixed_budget,
                                             base.shape[-1], opts.node_topk, opts.topm)
         build = lambda h, b, s: tree_lib.build_dominotree(  # noqa: E731
-            head, self.config, h, b, s, embed_table, opts.budget, node_topk=opts.node_topk,
+            head, self.config, h, b, s, embed_table, opts.fixed_budget, node_topk=opts.node_topk,
             topm=opts.topm, kernels=kernels)
         return jax.vmap(build)(hidden, base, root_state)
 

@@ -2,7 +2,7 @@
 
 At batch 1 every decode step is a chain of one-row products, each reading its whole weight
 matrix once. XLA reaches a larger share of HBM bandwidth on a few large products than on
-many small ones (measured in ``benchmarks/NOTES.md``, entry 7). So, like vLLM's
+many small ones (``docs/design.md`` §2). So, like vLLM's
 ``QKVParallelLinear`` / ``MergedColumnParallelLinear`` and MaxText's ``fused_qkv``, decoding
 stores per layer
 

@@ -101,7 +101,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array,
 
     Why the library call: on GPUs it measured faster than the einsum formulation, most of
     all for multi-query verify, and cuDNN's was slower at 17 queries and not bitwise equal
-    (``benchmarks/bench_attention.py``; ``benchmarks/NOTES.md`` entries 10-11). On the CPU the
+    (``docs/design.md`` §3). On the CPU the
     bf16 outputs of the test shapes are bitwise equal to the einsum's.
 
     The library requires ``q``, ``k`` and ``v`` to share one dtype; mixed dtypes (e.g. float32

@@ -1,7 +1,7 @@
 """Attention of a few query rows over the KV cache: a split-K Pallas kernel (decode/verify).
 
 Backend: **Pallas Triton** (``jax.experimental.pallas.triton``), jax pinned at 0.11.2. jax 0.11
-deprecates that backend in favour of Mosaic GPU; it still lowers and runs on the H200 there.
+deprecates that backend in favour of Mosaic GPU; it still lowers and runs on CUDA GPUs there.
 Moving to Mosaic GPU (or ``jax_triton``) is the upgrade path when the pin moves.
 
 What it computes: exactly :func:`domino_jax.models.layers.attend_reference` (grouped-query
@@ -21,8 +21,7 @@ every query row with at least one visible key, in the flash form:
   place (a layer slice given to a custom call is first copied out by XLA).
 * :func:`combine_partials` (plain XLA: a few small fusions) merges the runs.
 
-Status: opt-in; the measurements and what remains to measure are in ``benchmarks/NOTES.md``,
-entry 15.
+Status: opt-in; why, and what remains to measure: ``docs/design.md`` §4.
 
 Differences from the reference, all in the last bits: probabilities are rounded to the value
 dtype before normalisation (the reference rounds after), and the sum over keys runs in chunk
@@ -45,7 +44,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from domino_jax.kv_cache import MASK_VALUE
-TARGET_PROGRAMS = 512     # programs per call the splits aim for (H200: 132 SMs)
+TARGET_PROGRAMS = 512     # programs per call the splits aim for (a GPU of ~100-150 SMs)
 
 
 def query_rows(num_queries: int, group: int) -> int:
@@ -222,10 +221,10 @@ def cache_attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array
       k, v: ``[B, S, nKV, D]``, or with ``layer`` the whole stacked cache ``[L, B, S, nKV,
         D]`` (``KVCache.keys``), of which the kernel reads layer ``layer`` in place. Prefer
         the stacked form: a layer slice handed to a custom call is first copied out by XLA
-        (two copies per layer, seen in a profile: ``benchmarks/NOTES.md`` entry 15).
+        (two copies per layer, seen in a profile: ``docs/design.md`` §4).
       layer: static index into the stacked cache (``None``: ``k, v`` are one layer).
       interpret: run the kernel in the Pallas interpreter (any backend; tests on the CPU).
-      target_programs, block_k, num_warps: tuning (``benchmarks/bench_attention.py``);
+      target_programs, block_k, num_warps: tuning (``docs/design.md`` §4);
         ``block_k`` is the largest chunk tried, smaller powers of two are used when it does
         not divide ``S``.
     Returns ``[B, T, nH, D]`` in ``v.dtype``. Raises ``ValueError`` with the reason when

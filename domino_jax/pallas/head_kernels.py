@@ -15,7 +15,7 @@
 * ``pallas_interpret``: the kernels in the Pallas interpreter (any backend; the Triton
   variant unless the backend is a TPU).
 * ``auto`` (the default): the kernel where :data:`MEASURED_FASTER` lists this device kind
-  for it -- a measurement in ``benchmarks/results/`` found the kernel faster end to end --
+  for it -- a measurement found the kernel faster end to end (``docs/design.md`` §6) --
   else XLA (with a warning when a listed device falls back for its shapes). Nothing is
   listed yet, so ``auto`` is XLA everywhere until the GPU benchmark run.
 
@@ -39,8 +39,8 @@ from domino_jax.pallas import head_step as hs
 from domino_jax.pallas import tree_step as ts
 from domino_jax.topk import top_k
 
-# kernel -> device kinds (jax.devices()[0].device_kind) on which a measurement in
-# benchmarks/results/ found the kernel faster end to end; "auto" picks it only there.
+# kernel -> device kinds (jax.devices()[0].device_kind) on which a measurement found the
+# kernel faster end to end (docs/design.md §6); "auto" picks it only there.
 MEASURED_FASTER: dict[str, tuple[str, ...]] = {"head": (), "tree": ()}
 
 
