@@ -78,13 +78,21 @@ class ServerProcess:
         self.args, self.log_path = args, log_path
         self.proc = None
 
-    def start(self, timeout: float = 300.0) -> "ServerProcess":
+    def launch(self) -> "ServerProcess":
+        """Start the process (it compiles before it reports healthy: :meth:`wait`)."""
         env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
                    JAX_PLATFORMS="cpu")
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "domino_jax.serve", "--port", str(self.port)] + self.args,
             cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        return self
+
+    def start(self, timeout: float = 300.0) -> "ServerProcess":
+        return self.launch().wait(timeout)
+
+    def wait(self, timeout: float = 300.0) -> "ServerProcess":
+        """Until ``/health`` says ok (``RuntimeError`` with the log if it exits first)."""
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:

@@ -137,7 +137,9 @@ def create_app(engine: Engine, tokenizer, model_name: str, metrics: Metrics,
         elif first.get("type") == "extra_forbidden":
             message = f"{param}: unknown field"
         else:
-            message = f"{param or 'body'}: {first.get('msg')}"
+            given = repr(first.get("input"))
+            given = given if len(given) <= 60 else given[:57] + "..."
+            message = f"{param or 'body'}: {first.get('msg')} (got {given})"
         return refuse(400, APIError(400, message, param).body())
 
     @app.exception_handler(HTTPException)
