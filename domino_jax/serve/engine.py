@@ -526,7 +526,8 @@ class Engine:
             if policy is not None:
                 policy = serving._reset_jit(policy, rows)
         args = (state,) if policy is None else (state, policy)
-        jax.block_until_ready(prep.rounds_fn(tp, dp, *args, np.int32(1)))
+        jax.block_until_ready((prep.rounds_fn(tp, dp, *args, np.int32(1)),
+                               jax.random.fold_in(self.key, 0)))
         log.info("[serve] T=%s top_k=%s top_p=%s: %d prefill programs + the round loop "
                  "compiled in %.1f s", sampling.temperature, sampling.top_k, sampling.top_p,
                  len(prefills), time.perf_counter() - t0)
