@@ -108,6 +108,11 @@ def _serve(args) -> int:
     if engine.error is not None:
         print(f"error: the warm-up failed: {engine.error}", file=sys.stderr)
         return 1
+    if engine.running:                  # stopped while compiling: do not wait for XLA
+        log.info("[serve] stopped during the warm-up")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

@@ -244,6 +244,12 @@ class Engine:
         self._compiler.shutdown(wait=False, cancel_futures=True)
 
     @property
+    def running(self) -> bool:
+        """Whether the engine thread is alive (after :meth:`stop`: still inside a compile,
+        which cannot be interrupted)."""
+        return self._thread.is_alive()
+
+    @property
     def accepting(self) -> bool:
         """Whether :meth:`submit` takes requests (compiled, not draining or stopped)."""
         return self._accepting
@@ -263,6 +269,8 @@ class Engine:
             try:
                 t0 = time.perf_counter()
                 for sampling in self.warm:
+                    if self._stopping:
+                        return
                     self._group_future(sampling, self.cost_model).result()
                 log.info("[serve] compiled %d sampling setting(s) in %.1f s; ready",
                          len(self.warm), time.perf_counter() - t0)
