@@ -113,7 +113,9 @@ def create_app(engine: Engine, tokenizer, model_name: str, metrics: Metrics,
     async def lifespan(app):
         engine.start()
         yield
-        await asyncio.to_thread(engine.stop, shutdown_timeout)
+        # a warm-up compile cannot be interrupted: do not wait for it
+        await asyncio.to_thread(engine.stop, shutdown_timeout if engine.ready.is_set()
+                                else 1.0)
 
     app = FastAPI(title="domino_jax", lifespan=lifespan)
 
