@@ -107,6 +107,19 @@ class ServerProcess:
         self.stop()
         raise RuntimeError("the server did not become healthy:\n" + self.output())
 
+    def wait_listening(self, timeout: float = 120.0) -> tuple[int, bytes]:
+        """Until ``/health`` answers at all (compiling or not): its answer."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited ({self.proc.returncode}):\n"
+                                   + self.output())
+            try:
+                return get(self.url + "/health")
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError("the server did not listen:\n" + self.output())
+
     def output(self) -> str:
         self.log.flush()
         with open(self.log_path) as f:

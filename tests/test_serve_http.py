@@ -411,3 +411,21 @@ def test_full_queue_gets_429_and_sigterm_during_load_exits_cleanly(pair, tmp_pat
         assert "Traceback" not in log, log
     finally:
         proc.stop()
+
+
+def test_health_is_503_while_compiling_and_sigterm_then_exits_at_once(pair, tmp_path):
+    target, draft, _ = pair
+    proc = ServerProcess(["--target", target, "--draft", draft, "--slots", "2",
+                          "--max-new-tokens", "8", "--max-prompt-tokens", "16",
+                          "--compile-cache", "off"],
+                         str(tmp_path / "server.log")).launch()
+    try:
+        status, body = proc.wait_listening()
+        assert status == 503 and json.loads(body) == {"status": "loading"}, proc.output()
+        code, answer = post(proc.url + "/v1/completions", {"prompt": "w001"})
+        assert code == 503 and "compiling" in answer["error"]["message"]
+        t0 = time.time()
+        assert proc.terminate(timeout=60) == 0, proc.output()
+        assert time.time() - t0 < 20                  # not after the whole compile
+    finally:
+        proc.stop()

@@ -57,7 +57,7 @@ from domino_jax.decode import adaptive as adaptive_lib
 from domino_jax.decode import serving, speculative
 from domino_jax.decode.config import DecodeConfig
 from domino_jax.decode.cost_model import CostModel
-from domino_jax.decode.prefill import check_context_length
+from domino_jax.decode.prefill import context_limit
 from domino_jax.decode.sampling import SamplingConfig
 from domino_jax.decode.tensor_parallel import mesh_context
 from domino_jax.kv_cache import align_slots
@@ -155,7 +155,13 @@ class Engine:
                             ("rounds_per_call", rounds_per_call)):
             if int(value) < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        check_context_length(target.config, [max_prompt_tokens], config.max_new_tokens)
+        limit = context_limit(target.config)
+        if max_prompt_tokens + config.max_new_tokens > limit:
+            raise ValueError(f"max_prompt_tokens {max_prompt_tokens} + max_new_tokens "
+                             f"{config.max_new_tokens} (--max-prompt-tokens, "
+                             f"--max-new-tokens) are {max_prompt_tokens + config.max_new_tokens}"
+                             f" positions, more than the target supports: {limit} "
+                             "(max_position_embeddings in its config.json)")
         self.target, self.target_params = target, target_params
         self.drafter, self.draft_params = drafter, draft_params
         self.slots, self.max_queue = int(slots), int(max_queue)
