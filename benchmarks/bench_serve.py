@@ -62,8 +62,9 @@ def _metrics(url: str) -> dict:
 
 
 def _delta(after: dict, before: dict, prefix: str) -> dict:
-    return {k[len(prefix):]: after[k] - before.get(k, 0.0) for k in after
-            if k.startswith(prefix) and after[k] - before.get(k, 0.0) > 0}
+    """``{label value: after - before}`` of the series ``prefix{label="value"}`` that grew."""
+    return {k[len(prefix):].split('"')[1]: after[k] - before.get(k, 0.0) for k in after
+            if k.startswith(prefix + "{") and after[k] - before.get(k, 0.0) > 0}
 
 
 def run_one(method: str, clients: int, args) -> dict:
