@@ -26,8 +26,8 @@ pytest.importorskip("uvicorn")
 
 from serve_helpers import EOS, ServerProcess, get, make_pair, post, word  # noqa: E402
 
-SLOTS, MAX_NEW, MAX_PROMPT = 4, 256, 64
-LONG = 200                    # tokens of the requests live at SIGTERM
+SLOTS, MAX_NEW, MAX_PROMPT = 4, 256, 32
+LONG = 120                    # tokens of the requests live at SIGTERM
 
 
 def _server_args(target, draft, cache, extra=()):
@@ -110,7 +110,7 @@ def _greedy_prompts(tokenizer) -> list:
 
 def _equality_prompts():
     rng = np.random.default_rng(0)
-    return [_words(rng, n) for n in (3, 11, 25)], [_words(rng, n) for n in (2, 17, 40)]
+    return [_words(rng, n) for n in (3, 11, 24)], [_words(rng, n) for n in (2, 17, 30)]
 
 
 def _stop_prompt():
@@ -124,7 +124,7 @@ def _load_specs(count=64):
     for i in range(count):
         kind = "chat" if i % 2 else "text"
         temperature = 0.0 if i % 3 else 0.8
-        specs.append((kind, _words(rng, int(rng.integers(1, 40))), int(rng.choice([4, 8, 16])),
+        specs.append((kind, _words(rng, int(rng.integers(1, 25))), int(rng.choice([4, 8, 16])),
                       temperature, bool(i % 4 == 1)))
     return specs
 
