@@ -318,6 +318,32 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot(server):
     assert m["domino_live_slots"] == 0 and m["domino_queue_length"] == 0
 
 
+def test_plain_requests_whose_clients_disconnect_are_cancelled(server):
+    """Requests without streaming whose clients close the connection at once, next to a long
+    stream: the server notices (it polls the connection) and cancels each, queued or live."""
+    before = _metrics(server)
+    client = _client(server)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        stream = pool.submit(_one, client, ("text", "w007 w008", MAX_NEW, 0.0, True))
+        for i in range(5):
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+            conn.request("POST", "/v1/completions", json.dumps(
+                {"prompt": f"w009 w01{i}", "max_tokens": MAX_NEW}),
+                {"Content-Type": "application/json"})
+            conn.close()                    # gone before any answer
+        tokens, finish, _ = stream.result()
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        m = _metrics(server)
+        if _finished(m, "cancelled") - _finished(before, "cancelled") >= 5:
+            break
+        time.sleep(0.2)
+    assert _finished(m, "cancelled") == _finished(before, "cancelled") + 5
+    assert finish in ("stop", "length")
+    finished = sum(_finished(m, r) - _finished(before, r) for r in ("stop", "length"))
+    assert finished == 1                     # the stream only
+
+
 def _one(client, spec):
     """One load request; returns what came back."""
     kind, prompt, max_tokens, temperature, stream = spec
