@@ -52,13 +52,21 @@ def encode_prompt(tokenizer, text: str, chat: bool = True, thinking: bool = Fals
     them).
     """
     if chat and getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                            add_generation_prompt=True, tokenize=True,
-                                            enable_thinking=thinking)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return [int(t) for t in ids]
+        return encode_chat(tokenizer, [{"role": "user", "content": text}], thinking)
     return [int(t) for t in tokenizer.encode(text)]
+
+
+def encode_chat(tokenizer, messages: list[dict], thinking: bool = False) -> list[int]:
+    """Token ids of a conversation (``[{"role": ..., "content": ...}, ...]``) through the
+    tokenizer's chat template, with the generation prompt added and
+    ``enable_thinking=thinking``. ``ValueError`` when the tokenizer has no chat template."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("the tokenizer has no chat template")
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                        enable_thinking=thinking)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
 
 
 def stop_token_ids(tokenizer, target_config=None, extra: Iterable[int] = ()) -> tuple[int, ...]:

@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import os
 import sys
+from typing import Any, NamedTuple
 
 from domino_jax.console import add_verbose_flag, setup_logging, step
 from domino_jax.decode.ngram import NGRAM_DEFAULTS, OCCURRENCES
@@ -35,6 +36,34 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m domino_jax.decode",
                                 description="Lossless speculative decoding (AR, n-gram lookup, DFlash, Domino, "
                                 "DDTree, DominoTree).")
+    add_decode_arguments(p)
+    p.add_argument("--prompt", action="append",
+                   help="a prompt (repeat for a batch); default: a built-in question")
+    p.add_argument("--prompt-file", help="a text file, one prompt per non-empty line (a batch)")
+    p.add_argument("--slots", type=_positive("--slots"), default=None, metavar="N",
+                   help="continuous batching: the prompts as a queue through N rows, a row "
+                        "refilled when its prompt is done (decode/serving.py; no streaming); "
+                        "default: all prompts in one static batch")
+    p.add_argument("--chat", dest="chat", action="store_true", default=True,
+                   help="apply the tokenizer's chat template (default; Qwen3 thinking mode off, "
+                        "as the drafters are trained)")
+    p.add_argument("--no-chat", dest="chat", action="store_false", help="raw prompt text")
+    p.add_argument("--compare-ar", dest="compare_ar", action="store_true", default=None,
+                   help="also run AR on the same prompts; print the speedup and whether the "
+                   "outputs are identical (on by default for the embedded demo)")
+    p.add_argument("--no-compare-ar", dest="compare_ar", action="store_false")
+    p.add_argument("--stream-rounds", type=int, default=8,
+                   help="stream committed tokens every N rounds (batch 1; a progress bar for "
+                        "batches; 0 = neither)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (outputs, per-method stats) on stdout instead "
+                        "of the text and the summary table")
+    return p
+
+
+def add_decode_arguments(p: argparse.ArgumentParser) -> None:
+    """The models, the method and its options, sampling, dtype and compile flags: what
+    :func:`load_decoder` reads (shared with ``python -m domino_jax.serve``)."""
     p.add_argument("--target", help="HF target checkpoint folder (default: the converted "
                    "SmolLM2-135M-Instruct demo model)")
     p.add_argument("--draft", help="HF DFlash/Domino draft checkpoint folder (default: the "
@@ -132,17 +161,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="split the target and the drafter over N devices (attention heads, "
                         "MLP columns, vocabulary; N must divide the head counts); loads the "
                         "checkpoint layout (no fused projections)")
-    p.add_argument("--prompt", action="append",
-                   help="a prompt (repeat for a batch); default: a built-in question")
-    p.add_argument("--prompt-file", help="a text file, one prompt per non-empty line (a batch)")
-    p.add_argument("--slots", type=_positive("--slots"), default=None, metavar="N",
-                   help="continuous batching: the prompts as a queue through N rows, a row "
-                        "refilled when its prompt is done (decode/serving.py; no streaming); "
-                        "default: all prompts in one static batch")
-    p.add_argument("--chat", dest="chat", action="store_true", default=True,
-                   help="apply the tokenizer's chat template (default; Qwen3 thinking mode off, "
-                        "as the drafters are trained)")
-    p.add_argument("--no-chat", dest="chat", action="store_false", help="raw prompt text")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -157,23 +175,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto = bfloat16 on GPU/TPU, float32 on CPU. float32 runs every matmul "
                         "at full float32 precision (no TF32 on GPUs), so greedy outputs equal "
                         "exact AR")
-    p.add_argument("--compare-ar", dest="compare_ar", action="store_true", default=None,
-                   help="also run AR on the same prompts; print the speedup and whether the "
-                   "outputs are identical (on by default for the embedded demo)")
-    p.add_argument("--no-compare-ar", dest="compare_ar", action="store_false")
-    p.add_argument("--stream-rounds", type=int, default=8,
-                   help="stream committed tokens every N rounds (batch 1; a progress bar for "
-                        "batches; 0 = neither)")
     p.add_argument("--compile-cache", default=None, metavar="DIR|off",
                    help="JAX's persistent compilation cache: compiled programs kept on disk "
                         "for the next run with the same shapes (default "
                         "$DOMINO_JAX_COMPILE_CACHE, else ~/.cache/domino_jax/xla; 'off' = "
                         "none; a cache set by JAX_COMPILATION_CACHE_DIR is kept)")
-    p.add_argument("--json", action="store_true",
-                   help="print one JSON object (outputs, per-method stats) on stdout instead "
-                        "of the text and the summary table")
     add_verbose_flag(p)
-    return p
 
 
 def _positive(flag: str, auto: bool = False):
@@ -244,25 +251,40 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def _run(args) -> int:
+class Decoder(NamedTuple):
+    """What :func:`load_decoder` loads from the command line."""
+
+    target: Any
+    target_params: Any
+    drafter: Any
+    draft_params: Any             # None for methods without a checkpoint
+    tokenizer: Any
+    config: Any                   # the DecodeConfig (stop ids: eos + --stop-id)
+    mesh: Any                     # the --tensor-parallel mesh, or None
+    target_dir: str
+    draft_dir: str | None         # the drafter folder the method uses, else None
+    cost_model: Any               # adaptive widths: where the arm costs come from
+
+
+def load_decoder(args, before_load=None) -> Decoder:
+    """The models, tokenizer and :class:`DecodeConfig` from :func:`add_decode_arguments`'
+    flags (the demo pair by default). Every option is checked before any weights are read
+    (``ValueError`` / ``FileNotFoundError`` naming the flag or path); ``before_load(
+    tokenizer)``, when given, runs after those checks and before the weights."""
     import jax
     import jax.numpy as jnp
 
     from domino_jax.compile_cache import enable_compile_cache
-    from domino_jax.decode.adaptive import AdaptiveConfig
     from domino_jax.decode.cost_model import CostModel
-    from domino_jax.decode.loading import (default_models, encode_prompt, load_pair,
-                                           load_tokenizer, stop_token_ids)
+    from domino_jax.decode.loading import (default_models, load_pair, load_tokenizer,
+                                           stop_token_ids)
     from domino_jax.decode.methods import drafter_class, method_options
     from domino_jax.decode.prefill import PrefillConfig
-    from domino_jax.decode.report import decode_and_report
     from domino_jax.decode.sampling import SamplingConfig
     from domino_jax.decode.speculative import DecodeConfig
 
     enable_compile_cache(args.compile_cache)
     target_dir, draft_dir = default_models(args.target, args.draft)
-    compare_ar = (args.target is None if args.compare_ar is None    # the demo shows tau
-                  else args.compare_ar)                              # and the speedup
     method = args.method or ("domino" if draft_dir else "ar")
     drafter_cls = drafter_class(method)
     if drafter_cls.needs_checkpoint and not draft_dir:
@@ -284,14 +306,8 @@ def _run(args) -> int:
     dtype = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}.get(
         args.dtype, jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16)
     tokenizer = load_tokenizer(target_dir)            # before any weights: fail fast
-    texts = list(args.prompt or [])
-    if args.prompt_file:
-        if not os.path.exists(args.prompt_file):
-            raise FileNotFoundError(f"--prompt-file {args.prompt_file!r} does not exist")
-        with open(args.prompt_file) as f:
-            texts += [line.strip() for line in f if line.strip()]
-    texts = texts or [DEFAULT_PROMPT]
-    prompts = [encode_prompt(tokenizer, t, args.chat) for t in texts]
+    if before_load is not None:
+        before_load(tokenizer)
     with step("loading target", target_dir, *(["+ drafter", draft_dir] if uses_draft
                                                else [])):
         target, target_params, drafter, draft_params = load_pair(
@@ -306,19 +322,42 @@ def _run(args) -> int:
             getattr(drafter, "config", None) if draft_params is not None else None)
     stop_ids = stop_token_ids(tokenizer, target.config, args.stop_id)
     config = dataclasses.replace(config, stop_token_ids=stop_ids)
-    print(f"[domino_jax] target={target_dir} draft={draft_dir if uses_draft else '-'} "
-          f"method={method} T={args.temperature} backend={jax.default_backend()}",
-          file=sys.stderr)
+    return Decoder(target, target_params, drafter, draft_params, tokenizer, config, mesh,
+                   target_dir, draft_dir if uses_draft else None,
+                   CostModel(path=args.cost_table, recalibrate=args.recalibrate))
 
+
+def _run(args) -> int:
+    import jax
+
+    from domino_jax.decode.loading import encode_prompt
+    from domino_jax.decode.report import decode_and_report
     from domino_jax.decode.tensor_parallel import mesh_context
 
-    with mesh_context(mesh):
-        decode_and_report(target, target_params, drafter, draft_params, prompts, texts,
-                          tokenizer, config, seed=args.seed, compare_ar=compare_ar,
+    compare_ar = (args.target is None if args.compare_ar is None    # the demo shows tau
+                  else args.compare_ar)                              # and the speedup
+    texts = list(args.prompt or [])
+    prompts = []
+
+    def encode(tokenizer):                        # prompts read before any weights
+        nonlocal texts
+        if args.prompt_file:
+            if not os.path.exists(args.prompt_file):
+                raise FileNotFoundError(f"--prompt-file {args.prompt_file!r} does not exist")
+            with open(args.prompt_file) as f:
+                texts += [line.strip() for line in f if line.strip()]
+        texts = texts or [DEFAULT_PROMPT]
+        prompts.extend(encode_prompt(tokenizer, t, args.chat) for t in texts)
+
+    d = load_decoder(args, before_load=encode)
+    print(f"[domino_jax] target={d.target_dir} draft={d.draft_dir or '-'} "
+          f"method={d.config.method} T={args.temperature} backend={jax.default_backend()}",
+          file=sys.stderr)
+    with mesh_context(d.mesh):
+        decode_and_report(d.target, d.target_params, d.drafter, d.draft_params, prompts, texts,
+                          d.tokenizer, d.config, seed=args.seed, compare_ar=compare_ar,
                           stream_rounds=args.stream_rounds, as_json=args.json,
-                          slots=args.slots,
-                          cost_model=CostModel(path=args.cost_table,
-                                               recalibrate=args.recalibrate))
+                          slots=args.slots, cost_model=d.cost_model)
     return 0
 
 
