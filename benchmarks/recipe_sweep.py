@@ -1,4 +1,4 @@
-"""The recipe sweep of issue 15: training options compared at equal compute.
+"""The recipe sweep: training options compared at equal compute.
 
 Every variant trains a fresh Domino drafter on the same shards with the same schedule (steps,
 batch, sequence length, learning rate, seed) and differs from the base recipe (the shipped

@@ -7,8 +7,7 @@ One process, three stages, sized for ~8 minutes of one H200 (data generation inc
              prompts (chat / arithmetic / stdlib code), held-out split by prompt hash;
   (b) train: ``domino_jax.train.loop.train`` for ``dflash`` then ``domino`` (identical
              data, steps, seed; 2 draft layers, block 16, G=256, E=64, the default mask
-             token: a row of the target, train/README.md; the drafter shipped on
-             2026-11-30 was trained with a learned mask instead);
+             token: a row of the target, train/README.md);
              each drafter is exported to HF format and loaded back for (c);
   (c) eval:  ``generate`` on held-out prompts for each method and temperature.
 

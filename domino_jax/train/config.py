@@ -58,7 +58,7 @@ class TrainConfig:
     mesh_fsdp: int = 1
     mesh_tensor: int = 1
     shard_drafter: bool = False          # fsdp-shard drafter params (else replicated)
-    peak_flops: float = 989e12           # per device, for MFU (H200 dense bf16)
+    peak_flops: float = 989e12           # per device, for MFU (a dense bf16 peak)
     # recipe options (domino_jax/train/README.md "Recipe options")
     labels: str = "hard"                 # "hard" | "soft" | "mix"
     soft_weight: float = 0.5             # weight of the KL term for labels="mix"

@@ -1,4 +1,4 @@
-"""The offline prompt corpus for self-distillation (issue 15, item 1).
+"""The offline prompt corpus for self-distillation.
 
     python -m domino_jax.train.corpus --out DIR --num-prompts 60000 --seed 0 \\
         [--eval-fraction 0.02] [--exclude FILE ...] [--self-instruct N --target DIR]

@@ -2,7 +2,7 @@
 MFU they predict on a device (a roofline: each part takes ``max(flops / peak, bytes / bw)``).
 
     parts = step_cost(train_config, draft_config, target_config, seq_len)
-    pred = predict_step(parts, peak_flops=989e12, bandwidth=4.8e12)   # H200, bf16 dense
+    pred = predict_step(parts, peak_flops=989e12, bandwidth=4.8e12)   # peak bf16 FLOP/s, HBM bytes/s
     pred["step_s"], pred["mfu"], pred["parts"]
 
 Counts are for the whole step (``batch_size`` sequences of ``seq_len`` tokens, all
