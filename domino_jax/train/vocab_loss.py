@@ -1,5 +1,5 @@
 """Per-row losses over the vocabulary without materialising ``[rows, V]`` logits
-(docs/design.md §"Training loss in row chunks").
+(docs/design.md §23).
 
 The drafter's objective needs, for every trained block slot (a *row*), the divergence of its
 base logits ``lm_head(z)`` from the label and, for a Domino drafter, of its final logits
