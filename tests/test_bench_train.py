@@ -69,7 +69,8 @@ def test_bench_train_tiny_prints_mfu_beside_the_prediction(tmp_path):
            "--out", str(tmp_path)]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    line = re.search(r"^smollm2: step [\d.]+ ms, [\d,]+ tokens/s .*MFU ([\d.]+)% "
+    line = re.search(r"^smollm2 \(loss chunk 4096 rows\): step [\d.]+ ms, [\d,]+ tokens/s .*"
+                     r"MFU ([\d.]+)% "
                      r"\(predicted ([\d.]+)%: roofline step ([\d.]+) ms", proc.stdout, re.M)
     assert line, proc.stdout
     assert float(line.group(1)) > 0 and float(line.group(2)) > 0
