@@ -211,7 +211,29 @@ def float32_target():
     return get
 
 
+# The most memory mappings the process held after a test, and that test: XLA's CPU programs
+# hold mappings, and a compile past vm.max_map_count kills the process (docs/design.md §1).
+PEAK_MAPS = [0, ""]
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    from domino_jax.program_cache import memory_map_count
+
+    count = memory_map_count() or 0
+    if count > PEAK_MAPS[0]:
+        PEAK_MAPS[:] = [count, nodeid]
+
+
 def pytest_terminal_summary(terminalreporter):
+    if PEAK_MAPS[0]:
+        from domino_jax.decode import speculative
+        from domino_jax.program_cache import max_map_count
+
+        terminalreporter.write_sep("-", "memory mappings")
+        terminalreporter.write_line(
+            f"peak {PEAK_MAPS[0]} of vm.max_map_count {max_map_count()} (after {PEAK_MAPS[1]});"
+            f" decode programs compiled {speculative._PROGRAMS.builds}, dropped for mappings "
+            f"{speculative._PROGRAMS.evicted}")
     if MAX_REL_ERRORS:
         terminalreporter.write_sep("-", "max relative errors (parity checks)")
         for kind, err in sorted(MAX_REL_ERRORS.items(), key=lambda kv: -kv[1]):
