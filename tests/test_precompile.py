@@ -57,7 +57,9 @@ class CountingJit:
 
 @pytest.fixture
 def fresh_cache(monkeypatch):
-    monkeypatch.setattr(speculative, "_PROGRAMS", ProgramCache())
+    # never dropping programs for mappings (tests/test_program_cache.py tests that): what
+    # these tests count does not depend on how many mappings the process holds
+    monkeypatch.setattr(speculative, "_PROGRAMS", ProgramCache(budget=None))
 
 
 @pytest.mark.parametrize("method,temperature", [("ar", 0.0), ("domino", 0.0),
@@ -72,7 +74,7 @@ def test_precompile_then_generate(fresh_cache, monkeypatch, method, temperature)
     assert precompile(target, params, OTHER_PROMPTS, config, drafter, dparams) == 0.0
     warm = generate(target, params, PROMPTS, config, drafter, dparams, seed=4)
     assert warm.compile_seconds == 0.0
-    monkeypatch.setattr(speculative, "_PROGRAMS", ProgramCache())
+    monkeypatch.setattr(speculative, "_PROGRAMS", ProgramCache(budget=None))
     cold = generate(target, params, PROMPTS, config, drafter, dparams, seed=4)
     assert cold.compile_seconds > 0
     assert warm.tokens == cold.tokens

@@ -124,7 +124,7 @@ def test_float32_programs_use_full_precision(monkeypatch):
             seen.append(lowered.as_text())
             return lowered
 
-    monkeypatch.setattr(speculative, "_PROGRAMS", ProgramCache())
+    monkeypatch.setattr(speculative, "_PROGRAMS", ProgramCache(budget=None))
     monkeypatch.setattr(speculative, "_rounds_jit", Spy(speculative._rounds_jit))
     target, params = tiny_target(seed=3, vocab=16)
     bf16 = TargetLM(target.config, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
