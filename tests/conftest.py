@@ -211,6 +211,17 @@ def float32_target():
     return get
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _programs_die_with_their_module():
+    """After each test module, jax's caches are cleared: the programs compiled through the
+    modules' own ``jax.jit`` functions (module-level ones live as long as the process) would
+    otherwise pile up in one long pytest process until XLA's CPU compiler runs out of memory
+    mappings and kills it (docs/design.md §1). The library's cache of decode programs is
+    kept: it bounds itself."""
+    yield
+    jax.clear_caches()
+
+
 # The most memory mappings the process held after a test, and that test: XLA's CPU programs
 # hold mappings, and a compile past vm.max_map_count kills the process (docs/design.md §1).
 PEAK_MAPS = [0, ""]
