@@ -141,10 +141,11 @@ class ProgramCache:
             self._warned = True
             warnings.warn(
                 f"this process holds {count} memory mappings (the kernel allows "
-                f"{cap}, vm.max_map_count) with no cached domino_jax program left to drop: "
+                f"{cap}, vm.max_map_count) with none of this cache's programs left to drop: "
                 "compiled XLA CPU programs hold ~3 mappings per kernel, and a compile past "
-                "the cap kills the process. Free programs held elsewhere "
-                "(jax.clear_caches()) or raise vm.max_map_count.", RuntimeWarning,
+                "the cap kills the process. Free programs held elsewhere (other domino_jax "
+                "caches: speculative.clear_compiled(); jax.jit's: jax.clear_caches()) or "
+                "raise vm.max_map_count.", RuntimeWarning,
                 stacklevel=3)
 
 
