@@ -211,7 +211,40 @@ def float32_target():
     return get
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _programs_die_with_their_module():
+    """After each test module, jax's caches are cleared: the programs compiled through the
+    modules' own ``jax.jit`` functions (module-level ones live as long as the process) would
+    otherwise pile up in one long pytest process until XLA's CPU compiler runs out of memory
+    mappings and kills it (docs/design.md §24). The library's cache of decode programs is
+    kept: it bounds itself."""
+    yield
+    jax.clear_caches()
+
+
+# The most memory mappings the process held after a test, and that test: XLA's CPU programs
+# hold mappings, and a compile past vm.max_map_count kills the process (docs/design.md §24).
+PEAK_MAPS = [0, ""]
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    from domino_jax.program_cache import memory_map_count
+
+    count = memory_map_count() or 0
+    if count > PEAK_MAPS[0]:
+        PEAK_MAPS[:] = [count, nodeid]
+
+
 def pytest_terminal_summary(terminalreporter):
+    if PEAK_MAPS[0]:
+        from domino_jax.decode import speculative
+        from domino_jax.program_cache import max_map_count
+
+        terminalreporter.write_sep("-", "memory mappings")
+        terminalreporter.write_line(
+            f"peak {PEAK_MAPS[0]} of vm.max_map_count {max_map_count()} (after {PEAK_MAPS[1]});"
+            f" decode programs compiled {speculative._PROGRAMS.builds}, dropped for mappings "
+            f"{speculative._PROGRAMS.evicted}")
     if MAX_REL_ERRORS:
         terminalreporter.write_sep("-", "max relative errors (parity checks)")
         for kind, err in sorted(MAX_REL_ERRORS.items(), key=lambda kv: -kv[1]):

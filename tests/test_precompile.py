@@ -7,7 +7,7 @@ at once (CPU, float32, tiny random models).
 * two threads precompiling different programs: both are compiled and cached;
 * a compile that raises leaves no stale "in progress" entry: the next call compiles.
 
-Each test starts from an empty cache (``monkeypatch`` swaps ``speculative._COMPILED``).
+Each test starts from an empty cache (``monkeypatch`` swaps ``speculative._PROGRAMS``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from domino_jax.decode import speculative
 from domino_jax.decode.methods import make_drafter
 from domino_jax.decode.sampling import SamplingConfig
 from domino_jax.decode.speculative import DecodeConfig, generate, precompile
+from domino_jax.program_cache import ProgramCache
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -56,8 +57,9 @@ class CountingJit:
 
 @pytest.fixture
 def fresh_cache(monkeypatch):
-    monkeypatch.setattr(speculative, "_COMPILED", {})
-    monkeypatch.setattr(speculative, "_PENDING", {})
+    # never dropping programs for mappings (tests/test_program_cache.py tests that): what
+    # these tests count does not depend on how many mappings the process holds
+    monkeypatch.setattr(speculative, "_PROGRAMS", ProgramCache(budget=None))
 
 
 @pytest.mark.parametrize("method,temperature", [("ar", 0.0), ("domino", 0.0),
@@ -72,7 +74,7 @@ def test_precompile_then_generate(fresh_cache, monkeypatch, method, temperature)
     assert precompile(target, params, OTHER_PROMPTS, config, drafter, dparams) == 0.0
     warm = generate(target, params, PROMPTS, config, drafter, dparams, seed=4)
     assert warm.compile_seconds == 0.0
-    monkeypatch.setattr(speculative, "_COMPILED", {})
+    monkeypatch.setattr(speculative, "_PROGRAMS", ProgramCache(budget=None))
     cold = generate(target, params, PROMPTS, config, drafter, dparams, seed=4)
     assert cold.compile_seconds > 0
     assert warm.tokens == cold.tokens
@@ -88,7 +90,7 @@ def test_precompile_validates_like_generate(fresh_cache):
         precompile(target, params, PROMPTS,
                    DecodeConfig(method="domino", max_new_tokens=10, capacity=12),
                    drafter, dparams)
-    assert not speculative._COMPILED
+    assert len(speculative._PROGRAMS) == 0
 
 
 def _in_threads(calls):
@@ -124,7 +126,8 @@ def test_same_program_from_two_threads(fresh_cache, monkeypatch):
     seconds = _in_threads([call, call])
     assert prefill_jit.count == 1 and rounds_jit.count == 1        # compiled once
     assert max(seconds) > 0                 # one compiled (the other waited, or hit the cache)
-    assert len(speculative._COMPILED) == 2 and not speculative._PENDING   # prefill, rounds
+    # prefill, rounds
+    assert len(speculative._PROGRAMS) == 2 and not speculative._PROGRAMS.pending
     result = generate(target, params, PROMPTS, config, drafter, dparams)
     assert result.compile_seconds == 0.0
     assert prefill_jit.count == 1
@@ -138,7 +141,8 @@ def test_different_programs_from_two_threads(fresh_cache):
         lambda: precompile(ar_models[0], ar_models[1], PROMPTS, ar_config),
         lambda: precompile(*domino_models[:2], PROMPTS, domino_config, *domino_models[2:])])
     assert all(s > 0 for s in seconds)
-    assert len(speculative._COMPILED) == 4 and not speculative._PENDING   # 2 x (prefill, rounds)
+    # 2 x (prefill, rounds)
+    assert len(speculative._PROGRAMS) == 4 and not speculative._PROGRAMS.pending
     assert generate(*ar_models[:2], PROMPTS, ar_config).compile_seconds == 0.0
     assert generate(*domino_models[:2], PROMPTS, domino_config,
                     *domino_models[2:]).compile_seconds == 0.0
@@ -151,6 +155,6 @@ def test_failed_compile_leaves_no_pending_entry(fresh_cache, monkeypatch):
                         CountingJit(speculative._prefill_jit, fail_first=True))
     with pytest.raises(RuntimeError, match="injected"):
         precompile(target, params, PROMPTS, config)
-    assert not speculative._COMPILED and not speculative._PENDING
+    assert len(speculative._PROGRAMS) == 0 and not speculative._PROGRAMS.pending
     assert precompile(target, params, PROMPTS, config) > 0
     assert generate(target, params, PROMPTS, config).compile_seconds == 0.0

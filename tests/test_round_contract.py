@@ -23,6 +23,7 @@ from decode_helpers import perm_target, reference_greedy, tiny_target
 from domino_jax.decode import methods, round as round_lib, speculative
 from domino_jax.decode.contract import Drafter, Proposal
 from domino_jax.decode.speculative import DecodeConfig, generate
+from domino_jax.program_cache import ProgramCache
 
 PROMPTS = [[3, 4, 5], [7, 1, 2, 9, 10, 6]]
 
@@ -123,7 +124,7 @@ def test_float32_programs_use_full_precision(monkeypatch):
             seen.append(lowered.as_text())
             return lowered
 
-    monkeypatch.setattr(speculative, "_COMPILED", {})
+    monkeypatch.setattr(speculative, "_PROGRAMS", ProgramCache(budget=None))
     monkeypatch.setattr(speculative, "_rounds_jit", Spy(speculative._rounds_jit))
     target, params = tiny_target(seed=3, vocab=16)
     bf16 = TargetLM(target.config, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)

@@ -160,7 +160,7 @@ def runs(target_params, tmp_path_factory):
     from domino_jax.decode import speculative
 
     tmp = tmp_path_factory.mktemp("longrun")
-    programs = len(speculative._COMPILED)
+    programs = speculative._PROGRAMS.builds
     ev = EvalConfig(prompts=write_prompts(tmp / "heldout.jsonl"), every=3, max_new_tokens=8,
                     num_prompts=2)
     kw = dict(eval_config=ev, keep_checkpoints=2, keep_best=True)
@@ -183,7 +183,7 @@ def runs(target_params, tmp_path_factory):
     again = run(tmp / "elsewhere", target_params, CFG,
                 resume_from=str(tmp / "moved2" / "checkpoints"), **kw)
     return dict(tmp=tmp, ev=ev, full=full, resumed=resumed, again=again, cut_curve=cut_curve,
-                decode_programs=len(speculative._COMPILED) - programs)
+                decode_programs=speculative._PROGRAMS.builds - programs)
 
 
 def _strip(curve):
@@ -312,7 +312,7 @@ def test_heldout_tau_is_the_decode_loop_of_the_exported_drafter(runs, target_par
     texts = read_eval_prompts(runs["ev"].prompts, 2)
     prompts = {k: [encode(t) for t in v] for k, v in texts.items()}
     target = TargetLM(TARGET, dtype=jnp.float32, param_dtype=jnp.float32)
-    programs = len(speculative._COMPILED)
+    programs = speculative._PROGRAMS.builds
     evaluator = HeldoutEvaluator(target, target_params, full.draft_config, prompts,
                                  max_new_tokens=8)
     taus = evaluator(full.params)
@@ -335,7 +335,7 @@ def test_heldout_tau_is_the_decode_loop_of_the_exported_drafter(runs, target_par
             committed = (rows_hist * np.arange(rows_hist.shape[1])).sum()
             assert taus[method][kind] == committed / rows_hist.sum(), (method, kind)
         assert 1.0 <= taus[method][ALL] <= drafter.max_commit
-    assert len(speculative._COMPILED) == programs       # no program compiled in this test
+    assert speculative._PROGRAMS.builds == programs   # no program compiled in this test
     assert heldout_tau(target, target_params, full.draft_config, full.params, prompts,
                        ("dflash",), max_new_tokens=8) == {"dflash": taus["dflash"]}
     with pytest.raises(ValueError, match="needs a Domino drafter"):

@@ -41,6 +41,7 @@ from domino_jax.decode.contract import NO_DRAFTER, Drafter, PromptChunk
 from domino_jax.kv_cache import KVCache
 from domino_jax.models.qwen3 import TargetLM, new_cache
 from domino_jax.pallas import DEFAULT_PREFILL_CHUNK, PREFILL_ATTENTION_IMPLEMENTATIONS
+from domino_jax.program_cache import FreshJit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,7 +192,9 @@ def _prefill_chunked(target, drafter, target_params, draft_params, prompt, promp
     return PrefillOutput(cache.replace(lengths=prompt_len), logits, draft_cache)
 
 
-_prefill_prompt_jit = jax.jit(prefill_prompt, static_argnums=(0, 1, 6, 7))
+# a fresh jax.jit per compile: jax's caches let each program go with its caller's reference
+# (domino_jax/program_cache.py)
+_prefill_prompt_jit = FreshJit(prefill_prompt, static_argnums=(0, 1, 6, 7))
 
 
 def compiled_prefill(target: TargetLM, drafter, target_params, draft_params, batch: int,

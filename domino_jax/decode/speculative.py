@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import threading
 import time
 from typing import Any, NamedTuple, Sequence
 
@@ -39,9 +38,10 @@ from domino_jax.decode.prefill import check_context_length
 from domino_jax.decode.round import decode_rounds, prefill
 from domino_jax.kv_cache import align_slots
 from domino_jax.models.qwen3 import TargetLM
+from domino_jax.program_cache import FreshJit, ProgramCache, fresh_function
 
-__all__ = ["DecodeConfig", "GenerateResult", "METHODS", "generate", "precompile",
-           "matmul_precision", "pad_prompts", "prompt_bucket", "required_capacity"]
+__all__ = ["DecodeConfig", "GenerateResult", "METHODS", "clear_compiled", "generate",
+           "precompile", "matmul_precision", "pad_prompts", "prompt_bucket", "required_capacity"]
 
 
 class CommitStats:
@@ -95,16 +95,18 @@ def precision_scope(target: TargetLM):
             else contextlib.nullcontext())
 
 
-_prefill_jit = jax.jit(prefill, static_argnums=(0, 1, 2, 8))
-_rounds_jit = jax.jit(decode_rounds, static_argnums=(0, 1, 2), donate_argnums=(5,))
-_adaptive_prefill_jit = jax.jit(adaptive_lib.prefill, static_argnums=(0, 1, 2, 8))
-_adaptive_rounds_jit = jax.jit(adaptive_lib.adaptive_rounds, static_argnums=(0, 1, 2),
-                               donate_argnums=(5,))
+# a fresh jax.jit per compiled program, so that jax's caches let a program go once
+# _PROGRAMS drops it (domino_jax/program_cache.py)
+_prefill_jit = FreshJit(prefill, static_argnums=(0, 1, 2, 8))
+_rounds_jit = FreshJit(decode_rounds, static_argnums=(0, 1, 2), donate_argnums=(5,))
+_adaptive_prefill_jit = FreshJit(adaptive_lib.prefill, static_argnums=(0, 1, 2, 8))
+_adaptive_rounds_jit = FreshJit(adaptive_lib.adaptive_rounds, static_argnums=(0, 1, 2),
+                                donate_argnums=(5,))
 # the same loops with the state's layouts left to XLA, in and out (loop_state_layouts)
 _AUTO = Format(Layout.AUTO)
-_rounds_jit_auto = jax.jit(decode_rounds, static_argnums=(0, 1, 2), donate_argnums=(5,),
-                           in_shardings=(None, None, _AUTO, None, None), out_shardings=_AUTO)
-_adaptive_rounds_jit_auto = jax.jit(
+_rounds_jit_auto = FreshJit(decode_rounds, static_argnums=(0, 1, 2), donate_argnums=(5,),
+                            in_shardings=(None, None, _AUTO, None, None), out_shardings=_AUTO)
+_adaptive_rounds_jit_auto = FreshJit(
     adaptive_lib.adaptive_rounds, static_argnums=(0, 1, 2), donate_argnums=(5,),
     in_shardings=(None, None, _AUTO, None, None, None), out_shardings=(_AUTO, None))
 
@@ -358,8 +360,9 @@ class RoundsProgram:
                 n = fn.__code__.co_argcount - len(static_argnums)
                 kw = dict(in_shardings=(self.state_formats,) + (None,) * (n - 1),
                           out_shardings=self.state_formats)
-            self._kept[fn] = jax.jit(fn, static_argnums=static_argnums, donate_argnums=(0,),
-                                     **kw)
+            # a fresh function: jax's caches of it go with this program
+            self._kept[fn] = jax.jit(fresh_function(fn), static_argnums=static_argnums,
+                                     donate_argnums=(0,), **kw)
         return self._kept[fn]
 
     def __call__(self, *args, done_limit: int | None = None):
@@ -372,41 +375,22 @@ class RoundsProgram:
         return self.compiled.as_text()
 
 
-# compiled programs and their compile seconds per cache key; _PENDING holds an Event per
-# key some thread is compiling right now. _LOCK guards both dicts, never a compile.
-_COMPILED: dict = {}
-_PENDING: dict = {}
-_LOCK = threading.Lock()
+# compiled programs and their compile seconds per cache key, dropped least recently used
+# first when the process nears its memory-mapping cap (domino_jax/program_cache.py)
+_PROGRAMS = ProgramCache()
 
 
 def _cached(cache_key, build):
-    """``(value, seconds)``: ``build()``'s value cached under ``cache_key``; seconds = this
-    call's build time, or the time it waited for another thread building the same key, or
-    0.0 on a cache hit. Thread-safe; each key is built once (if a build raises, the error
-    propagates in the building thread and a waiting thread retries the build itself)."""
-    t0 = time.perf_counter()
-    waited = False
-    while True:
-        with _LOCK:
-            if cache_key in _COMPILED:
-                value, _ = _COMPILED[cache_key]
-                return value, (time.perf_counter() - t0) if waited else 0.0
-            event = _PENDING.get(cache_key)
-            if event is None:                       # ours to build
-                event = _PENDING[cache_key] = threading.Event()
-                break
-        event.wait()                                # another thread is building it
-        waited = True
-    try:
-        value = build()
-        seconds = time.perf_counter() - t0
-        with _LOCK:
-            _COMPILED[cache_key] = (value, seconds)
-    finally:
-        with _LOCK:
-            del _PENDING[cache_key]
-        event.set()
-    return value, seconds
+    """``(value, seconds)``: ``build()``'s value cached in :data:`_PROGRAMS` under
+    ``cache_key``; seconds = this call's build time, or the time it waited for another
+    thread building the same key, or 0.0 on a cache hit (each key built once at a time)."""
+    return _PROGRAMS.get(cache_key, build)
+
+
+def clear_compiled() -> None:
+    """Drop every program :func:`generate` and :func:`precompile` compiled and cached (their
+    memory and, on a CPU, their memory mappings are freed unless still referenced)."""
+    _PROGRAMS.clear()
 
 
 def _program_key(target, drafter, config, target_params, draft_params, shape, capacity):

@@ -37,6 +37,7 @@ import numpy as np
 from domino_jax.config import DraftConfig
 from domino_jax.console import train_postfix
 from domino_jax.models.qwen3 import TargetLM
+from domino_jax.program_cache import ProgramCache
 from domino_jax.train import data as data_lib
 from domino_jax.train.checkpoints import (BEST, CHECKPOINTS, RESUMABLE_CHANGES,
                                           TRAIN_CONFIG, RunError, check_resume_settings,
@@ -116,7 +117,9 @@ def load_init_draft(path: str, target_config, drafter: str) -> tuple[DraftConfig
 
 # ----------------------------------------------------------------------------- loop
 
-_COMPILED: dict = {}
+# compiled train steps per run settings (dropped first when the process nears its
+# memory-mapping cap: domino_jax/program_cache.py)
+_COMPILED = ProgramCache()
 
 
 @dataclasses.dataclass
@@ -331,16 +334,20 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
     step_cfg = dataclasses.replace(cfg, **{k: getattr(TrainConfig, k) for k in RESUMABLE_CHANGES})
     cache_key = (step_cfg, config, target, tuple(d.id for d in mesh.devices.flat),
                  str(jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), target_params)))
-    if start >= cfg.steps:
-        log.info("already at step %d of %d: nothing to train", start, cfg.steps)
-    elif cache_key not in _COMPILED:    # same run settings in one process: compile once
+
+    def build():
         log.info("compiling the %s train step (batch %d x %d tokens) ...", cfg.drafter,
                  cfg.batch_size, cfg.max_length)
         step_fn = make_train_step(step_cfg, config, target, mesh, s_shard, t_shard)
-        _COMPILED[cache_key] = compile_step(step_fn, state, first,
-                                            target_params)
+        compiled = compile_step(step_fn, state, first, target_params)
         log.info("compiled the train step in %.1f s", time.perf_counter() - t0)
-    step_fn, flops_xla = _COMPILED.get(cache_key, (None, 0.0))
+        return compiled
+
+    if start >= cfg.steps:
+        log.info("already at step %d of %d: nothing to train", start, cfg.steps)
+        step_fn, flops_xla = None, 0.0
+    else:                               # same run settings in one process: compile once
+        (step_fn, flops_xla), _ = _COMPILED.get(cache_key, build)
     compile_seconds = time.perf_counter() - t0
     window = _Window(meta.get("window"))
 
