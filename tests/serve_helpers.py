@@ -91,34 +91,36 @@ class ServerProcess:
     def start(self, timeout: float = 300.0) -> "ServerProcess":
         return self.launch().wait(timeout)
 
-    def wait(self, timeout: float = 300.0) -> "ServerProcess":
-        """Until ``/health`` says ok (``RuntimeError`` with the log if it exits first)."""
+    def _poll_health(self, timeout: float, done, interval: float, what: str):
+        """``/health``'s ``(status, body)`` once ``done(status)``; ``RuntimeError`` with the
+        log if the server exits first or ``timeout`` passes (``what`` names the wait)."""
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the server exited ({self.proc.returncode}):\n"
                                    + self.output())
             try:
-                if get(self.url + "/health")[0] == 200:
-                    return self
+                answer = get(self.url + "/health")
+                if done(answer[0]):
+                    return answer
             except OSError:
                 pass
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError("the server did not become healthy:\n" + self.output())
+            time.sleep(interval)
+        raise RuntimeError(f"the server did not {what}:\n" + self.output())
+
+    def wait(self, timeout: float = 300.0) -> "ServerProcess":
+        """Until ``/health`` says ok (``RuntimeError`` with the log if it exits first)."""
+        try:
+            self._poll_health(timeout, lambda status: status == 200, 0.5, "become healthy")
+        except RuntimeError:
+            if self.proc.poll() is None:        # timed out: do not leave it running
+                self.stop()
+            raise
+        return self
 
     def wait_listening(self, timeout: float = 120.0) -> tuple[int, bytes]:
         """Until ``/health`` answers at all (compiling or not): its answer."""
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited ({self.proc.returncode}):\n"
-                                   + self.output())
-            try:
-                return get(self.url + "/health")
-            except OSError:
-                time.sleep(0.2)
-        raise RuntimeError("the server did not listen:\n" + self.output())
+        return self._poll_health(timeout, lambda status: True, 0.2, "listen")
 
     def output(self) -> str:
         self.log.flush()
