@@ -320,7 +320,8 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot(server):
 
 def test_plain_requests_whose_clients_disconnect_are_cancelled(server):
     """Requests without streaming whose clients close the connection at once, next to a long
-    stream: the server notices (it polls the connection) and cancels each, queued or live."""
+    stream: the server notices (the connection's ``http.disconnect``) and cancels each, queued or
+    live."""
     before = _metrics(server)
     client = _client(server)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:

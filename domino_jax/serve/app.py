@@ -41,8 +41,6 @@ from domino_jax.text import encode_chat
 
 log = logging.getLogger("domino_jax.serve")
 
-DISCONNECT_POLL_SECONDS = 0.5     # how often a plain (not streamed) request checks its client
-
 
 class _Job:
     """One request seen from the event loop: the engine's events through an asyncio queue,
@@ -249,12 +247,14 @@ def create_app(engine: Engine, tokenizer, model_name: str, metrics: Metrics,
 
 
 async def _watch(http: HTTPRequest, job: _Job) -> None:
-    """Cancel ``job`` once the client of a plain request has gone."""
+    """Cancel ``job`` as soon as the client of a plain request has gone. Its body is read, so
+    the connection's next ASGI message is ``http.disconnect``: the client closed it, or the
+    response was sent (then the job is done and ``cancel`` does nothing)."""
     while not job.done:
-        if await http.is_disconnected():
+        message = await http.receive()
+        if message["type"] == "http.disconnect":
             job.cancel()
             return
-        await asyncio.sleep(DISCONNECT_POLL_SECONDS)
 
 
 async def _stream(job: _Job, shape: Shape, chat: bool, prompt_tokens: int, usage: bool):
