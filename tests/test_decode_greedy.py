@@ -20,7 +20,7 @@ import pytest
 from decode_helpers import (FIXTURE_NAMES, draft_config, fixture_models, perm_domino_params,
                             perm_target, permutation, reference_greedy, tiny_draft,
                             zero_backbone_params)
-from domino_jax.decode import speculative
+from domino_jax.decode import loop, speculative
 from domino_jax.decode.drafters import DominoOptions
 from domino_jax.decode.methods import make_drafter, method_options
 from domino_jax.decode.sampling import SamplingConfig
@@ -178,13 +178,15 @@ def test_stale_cache_slots_never_read(which):
     prefill_fn, rounds_fn, _ = speculative._compiled(target, drafter, config, params, dparams,
                                                      prompt, prompt_len, key, capacity)
     state = prefill_fn(params, dparams, prompt, prompt_len, key)
+    policy = loop.init_policy(config, drafter, loop.loop_arms(config, drafter)[1],
+                              len(RAGGED))
     rounds = 0
     while True:
         if which == "target":
             state = state.replace(target_cache=_poison(state.target_cache))
         else:
             state = state.replace(draft_cache=_poison(state.draft_cache))
-        state = rounds_fn(params, dparams, state, jnp.int32(1))
+        state, policy = rounds_fn(params, dparams, state, policy, jnp.int32(1))
         rounds += 1
         if bool(jnp.all(state.done)):
             break

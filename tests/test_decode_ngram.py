@@ -13,7 +13,7 @@ import pytest
 
 from decode_helpers import (assert_first_three_follow_target, perm_target, permutation,
                             reference_greedy, tiny_target)
-from domino_jax.decode import speculative
+from domino_jax.decode import loop, speculative
 from domino_jax.decode.ngram import NgramDrafter, NgramOptions, lookup_drafts, reference_lookup
 from domino_jax.decode.sampling import SamplingConfig
 from domino_jax.decode.speculative import DecodeConfig, generate
@@ -176,13 +176,15 @@ def test_context_buffer_and_stale_entries():
     prefill_fn, rounds_fn, _ = speculative._compiled(target, drafter, config, params, None,
                                                      prompt, prompt_len, key, capacity)
     state = prefill_fn(params, None, prompt, prompt_len, key)
+    policy = loop.init_policy(config, drafter, loop.loop_arms(config, drafter)[1],
+                              len(RAGGED))
     rng = np.random.default_rng(3)
     rounds = 0
     while not bool(jnp.all(state.done)):
         valid = np.arange(capacity)[None, :] <= np.asarray(state.target_cache.lengths)[:, None]
         garbage = rng.integers(0, 32, valid.shape).astype(np.int32)
         state = state.replace(history=jnp.where(valid, state.history, garbage))
-        state = rounds_fn(params, None, state, jnp.int32(1))
+        state, policy = rounds_fn(params, None, state, policy, jnp.int32(1))
         rounds += 1
     assert rounds > 2
     assert speculative._trim(state, config) == expected.tokens

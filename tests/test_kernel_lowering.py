@@ -107,7 +107,7 @@ def test_default_decode_programs_export_for_tpu(method):
     layout, XLA attention and head) lower for a TPU."""
     import os
 
-    from domino_jax.decode import round as round_lib
+    from domino_jax.decode import loop
     from domino_jax.decode import speculative
     from domino_jax.decode.loading import load_pair
     from domino_jax.kv_cache import align_slots
@@ -124,13 +124,16 @@ def test_default_decode_programs_export_for_tpu(method):
     tpu = next(t for t in TARGETS if t.platform == "tpu")
 
     def prefill(tp, dp, p, n, key):
-        return round_lib.prefill(target, drafter, config, tp, dp, p, n, key, capacity)
+        return loop.prefill(target, drafter, config, tp, dp, p, n, key, capacity)
 
     inputs = params + [spec(prompt), spec(prompt_len), spec(jax.random.PRNGKey(0))]
     _lowers(prefill, inputs, tpu, 0)
     state = jax.eval_shape(prefill, *inputs)
 
-    def rounds(tp, dp, st, limit):
-        return round_lib.decode_rounds(target, drafter, config, tp, dp, st, limit)
+    policy = jax.eval_shape(
+        lambda: loop.init_policy(config, drafter, loop.loop_arms(config, drafter)[1], 1))
 
-    _lowers(rounds, params + [state, S((), I32)], tpu, 0)
+    def rounds(tp, dp, st, pol, limit):
+        return loop.rounds(target, drafter, config, tp, dp, st, pol, limit)
+
+    _lowers(rounds, params + [state, policy, S((), I32)], tpu, 0)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from decode_helpers import perm_target, reference_greedy, tiny_target
-from domino_jax.decode import methods, round as round_lib, speculative
+from domino_jax.decode import loop, methods, round as round_lib, speculative
 from domino_jax.decode.contract import Drafter, Proposal
 from domino_jax.decode.speculative import DecodeConfig, generate
 from domino_jax.program_cache import ProgramCache
@@ -84,8 +84,11 @@ def test_stage_functions_equal_the_loop(repeat_method):
     prompt, prompt_len = speculative.pad_prompts(PROMPTS)
     state = round_lib.prefill(target, drafter, config, params, None, prompt, prompt_len,
                               jax.random.PRNGKey(0), 64)
-    looped = jax.jit(lambda s: round_lib.decode_rounds(target, drafter, config, params, None,
-                                                       s, jnp.int32(2)))(state)
+    policy = loop.init_policy(config, drafter, loop.loop_arms(config, drafter)[1],
+                              len(PROMPTS))
+    looped, policy = jax.jit(lambda s, p: loop.rounds(target, drafter, config, params, None,
+                                                      s, p, jnp.int32(2)))(state, policy)
+    assert np.asarray(policy.arm_rounds).tolist() == [2]     # the one arm counts its rounds
 
     @jax.jit
     def by_stages(state):

@@ -14,7 +14,7 @@ from decode_helpers import (chi_square_test, draft_config, exact_joint_probs, fi
                             perm_domino_params, perm_target, permutation, reference_greedy,
                             tiny_draft, tiny_target)
 
-from domino_jax.decode import round as round_lib
+from domino_jax.decode import loop, round as round_lib
 from domino_jax.decode import speculative
 from domino_jax.decode.methods import make_drafter, method_options
 from domino_jax.decode.sampling import SamplingConfig
@@ -122,8 +122,10 @@ def test_tree_commit_cache_equals_sequential_decoding():
     capacity = 64
     state = round_lib.prefill(target, drafter, config, params, dparams, prompt, prompt_len,
                               jax.random.PRNGKey(0), capacity)
-    state = round_lib.decode_rounds(target, drafter, config, params, dparams, state,
-                                    jnp.int32(3))
+    policy = loop.init_policy(config, drafter, loop.loop_arms(config, drafter)[1],
+                              len(RAGGED))
+    state, _ = loop.rounds(target, drafter, config, params, dparams, state, policy,
+                           jnp.int32(3))
     assert int(np.asarray(state.accept_hist)[:, 3:].sum()) > 0     # multi-token rounds
     lengths = np.asarray(state.target_cache.lengths)
     out = np.asarray(state.out_tokens)

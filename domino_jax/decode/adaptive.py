@@ -2,7 +2,7 @@
 
 A policy and a switch around the round. Each round the loop picks one **arm** from a small
 static set and runs that arm's round (``lax.switch`` over one branch per arm, each compiled
-once with static shapes):
+once with static shapes; the loop is :func:`domino_jax.decode.loop.rounds`):
 
 * arm width ``0``: a plain AR step (the target reads the root alone), which keeps the
   drafter's context features of the committed token for later;
@@ -425,18 +425,9 @@ def observe(adaptive: AdaptiveConfig, base, widths, policy: PolicyState, arm, pr
                        jnp.where(widened, 0, policy.since_widen + 1), widen_interval)
 
 
-def _fit_context(context: jax.Array, width: int) -> jax.Array:
+def fit_context(context: jax.Array, width: int) -> jax.Array:
     """Zero-pad ``context [B, n, F]`` to ``[B, width, F]``."""
     return jnp.pad(context, ((0, 0), (0, width - context.shape[1]), (0, 0)))
-
-
-def prefill(target, base, config, target_params, draft_params, prompt, prompt_len, key,
-            capacity: int):
-    """:func:`domino_jax.decode.round.prefill` with the context buffer widened to
-    :func:`buffer_rows` (``base``: the loop's :func:`base_drafter`)."""
-    state = round_lib.prefill(target, base, config, target_params, draft_params, prompt,
-                              prompt_len, key, capacity)
-    return state.replace(context=_fit_context(state.context, buffer_rows(base)))
 
 
 def flush_buffer(base, target_params, draft_params, state):
@@ -498,7 +489,7 @@ def arm_round(target, base, width: int, config, target_params, draft_params, sta
         new = round_lib.run_round(
             target, drafter, config, target_params, draft_params, state,
             lambda s, k: draft_narrow(drafter, rows, config, target_params, draft_params, s, k))
-        return new.replace(context=_fit_context(new.context, buffer))
+        return new.replace(context=fit_context(new.context, buffer))
     if flush:
         state = flush_buffer(base, target_params, draft_params, state)
     # the AR step: the root alone, verified and committed by the base drafter (its taps),
@@ -510,39 +501,6 @@ def arm_round(target, base, width: int, config, target_params, draft_params, sta
     append = (rows == state.context_len[:, None, None]) & (new.context_len[:, None, None] > 0)
     context = jnp.where(append, new.context[:, :1], state.context)
     return new.replace(context=context, context_len=state.context_len + new.context_len)
-
-
-def adaptive_rounds(target, drafter, config, target_params, draft_params, state,
-                    policy: PolicyState, max_rounds: jax.Array,
-                    done_limit: jax.Array | None = None):
-    """Run adaptive rounds until every row is done (or ``done_limit`` rows are:
-    :func:`~domino_jax.decode.round.keep_running`) or ``max_rounds`` rounds have run;
-    ``drafter`` is the loop's :func:`base_drafter`. Returns ``(state, policy)``."""
-    adaptive = config.adaptive
-    widths = resolve_widths(adaptive, drafter)
-    branches = [lambda s, d, w=w: arm_round(target, drafter, w, config, target_params,
-                                            draft_params, s, lookup_drafts=d) for w in widths]
-    branches.append(lambda s, d: arm_round(target, drafter, 0, config, target_params,
-                                           draft_params, s, flush=True))
-
-    def cond(carry):
-        state, _, n = carry
-        return round_lib.keep_running(state, n, max_rounds, done_limit)
-
-    def body(carry):
-        state, policy, n = carry
-        matched = drafts = None
-        if adaptive.lookup:           # one lookup for the policy and every lookup arm
-            lookup = lookup_arm.round_lookup(adaptive.lookup_ngram, state, max(adaptive.lookup))
-            matched, drafts = lookup.match_len, lookup.drafts
-        arm, probe, flush = choose_arm(adaptive, drafter, widths, policy, state, matched,
-                                       config.max_new_tokens)
-        new = jax.lax.switch(jnp.where(flush, len(widths), arm), branches, state, drafts)
-        policy = observe(adaptive, drafter, widths, policy, arm, probe, state, new, matched)
-        return new, policy, n + 1
-
-    state, policy, _ = jax.lax.while_loop(cond, body, (state, policy, jnp.int32(0)))
-    return state, policy
 
 
 def width_histogram(widths: Sequence[int], arm_rounds) -> dict[int, int]:

@@ -1,4 +1,4 @@
-"""The on-device part of decoding: prefill, one round (draft -> verify -> commit), the loop.
+"""The on-device stages of decoding: prefill and one round (draft -> verify -> commit).
 
 The contract between the loop and the drafters is in :mod:`domino_jax.decode.contract`.
 Per round, for each row (ragged acceptance is carried as lengths, never as shapes):
@@ -17,8 +17,9 @@ Per round, for each row (ragged acceptance is carried as lengths, never as shape
 
 Each stage runs under a ``jax.named_scope`` (``draft``, ``verify``, ``commit``), so
 profiles attribute every kernel to its stage, and each is a public function that
-benchmarks can jit alone. Stops: a row is done at its first stop token (inclusive) or at
-``max_new_tokens``; the host trims whatever a block overran.
+benchmarks can jit alone; :mod:`domino_jax.decode.loop` runs the rounds. Stops: a row is
+done at its first stop token (inclusive) or at ``max_new_tokens``; the host trims whatever
+a block overran.
 """
 
 from __future__ import annotations
@@ -194,9 +195,9 @@ def commit(drafter: Drafter, config, state: DecodeState, verified: Verified,
 
 def run_round(target: TargetLM, drafter: Drafter | None, config, target_params, draft_params,
               state: DecodeState, propose=None) -> DecodeState:
-    """One round, draft -> verify -> commit: the one composition of the stages that every
-    loop runs (a fixed width's :func:`decode_rounds`, each arm of the adaptive loop,
-    :mod:`~domino_jax.decode.adaptive`, and its lookup arms). ``propose(state, key) ->
+    """One round, draft -> verify -> commit: the one composition of the stages that the loop
+    (:func:`domino_jax.decode.loop.rounds`) runs for a fixed width and for each adaptive arm
+    (:mod:`~domino_jax.decode.adaptive`, its lookup arms). ``propose(state, key) ->
     Proposal`` stands in for :func:`draft` where an arm drafts its own way (on a narrowed
     context buffer, from a lookup already made, or nothing: the AR step)."""
     drafter = _drafter(drafter)
@@ -207,12 +208,6 @@ def run_round(target: TargetLM, drafter: Drafter | None, config, target_params, 
         proposal = propose(state, draft_key)
     verified = verify(target, drafter, config, target_params, state, proposal, verify_key)
     return commit(drafter, config, state, verified, key)
-
-
-def decode_round(target: TargetLM, drafter: Drafter | None, config, target_params,
-                 draft_params, state: DecodeState) -> DecodeState:
-    """One round of the drafter's own proposal: :func:`run_round`."""
-    return run_round(target, drafter, config, target_params, draft_params, state)
 
 
 def keep_running(state: DecodeState, rounds: jax.Array, max_rounds: jax.Array,
@@ -226,21 +221,3 @@ def keep_running(state: DecodeState, rounds: jax.Array, max_rounds: jax.Array,
     else:
         running = jnp.sum(state.done.astype(jnp.int32)) < done_limit
     return running & (rounds < max_rounds)
-
-
-def decode_rounds(target: TargetLM, drafter: Drafter | None, config, target_params,
-                  draft_params, state: DecodeState, max_rounds: jax.Array,
-                  done_limit: jax.Array | None = None) -> DecodeState:
-    """Run rounds until every row is done (or ``done_limit`` rows are: :func:`keep_running`)
-    or ``max_rounds`` rounds have run."""
-
-    def cond(carry):
-        state, n = carry
-        return keep_running(state, n, max_rounds, done_limit)
-
-    def body(carry):
-        state, n = carry
-        return decode_round(target, drafter, config, target_params, draft_params, state), n + 1
-
-    state, _ = jax.lax.while_loop(cond, body, (state, jnp.int32(0)))
-    return state

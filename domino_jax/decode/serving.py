@@ -40,8 +40,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from domino_jax.decode import adaptive as adaptive_lib
-from domino_jax.decode import speculative
+from domino_jax.decode import loop, speculative
+from domino_jax.decode.adaptive import PolicyState
 from domino_jax.decode.config import DecodeConfig
 from domino_jax.decode.cost_model import CostModel
 
@@ -127,12 +127,10 @@ def state_batch_axes(target, drafter, config, target_params, draft_params, width
     """:func:`batch_axes` of the loop's state (``drafter``: the programs' drafter, adaptive:
     its base drafter) for prompts padded to ``width`` and ``capacity`` cache slots, from
     the prefill's abstract states at batch 1 and 2 (nothing runs)."""
-    prefill_of = (speculative.prefill if config.adaptive is None else adaptive_lib.prefill)
-
     def shape(batch):
         return jax.eval_shape(
-            lambda tp, dp, p, pl: prefill_of(target, drafter, config, tp, dp, p, pl,
-                                             jax.random.PRNGKey(0), capacity),
+            lambda tp, dp, p, pl: loop.prefill(target, drafter, config, tp, dp, p, pl,
+                                               jax.random.PRNGKey(0), capacity),
             target_params, draft_params, jax.ShapeDtypeStruct((batch, width), jnp.int32),
             jax.ShapeDtypeStruct((batch,), jnp.int32))
 
@@ -154,8 +152,8 @@ def insert_rows(full, part, rows: jax.Array, axes: Sequence[int | None]):
     return jax.tree_util.tree_unflatten(tree, out)
 
 
-def reset_policy_rows(policy: adaptive_lib.PolicyState, rows: jax.Array):
-    """The adaptive policy with the acceptance statistics of batch rows ``rows`` back at the
+def reset_policy_rows(policy: PolicyState, rows: jax.Array):
+    """The policy with the acceptance statistics of batch rows ``rows`` back at the
     prior (a new request in those slots; indices ``>= B`` are ignored)."""
     return policy.replace(accepted=policy.accepted.at[rows].set(0.0, mode="drop"),
                           observed=policy.observed.at[rows].set(0.0, mode="drop"))
@@ -244,10 +242,8 @@ def serve(target, target_params, requests: Sequence[Sequence[int]], config: Deco
     state = prep.prefill_fn(target_params, draft_params, prep.prompt, prep.prompt_len, prep.key)
     jax.block_until_ready(state)
     first_prefill = time.perf_counter() - t0
-    policy, calibration_seconds, cost_source = None, 0.0, ""
-    if prep.widths is not None:
-        policy, calibration_seconds, cost_source = speculative._start_policy(
-            prep, target, config, target_params, draft_params, state, cost_model)
+    policy, calibration_seconds, cost_source = speculative.start_policy(
+        prep, target, config, target_params, draft_params, state, cost_model)
 
     results: list = [None] * len(requests)
     rounds = np.zeros(len(requests), np.int64)
@@ -284,8 +280,7 @@ def serve(target, target_params, requests: Sequence[Sequence[int]], config: Deco
             t3 = time.perf_counter()
             rows = jnp.asarray(free[:len(new)] + [slots] * (size - len(new)), jnp.int32)
             state = insert(prep.rounds_fn.adopt(state), part, rows, axes)
-            if policy is not None:
-                policy = _reset_jit(policy, rows)
+            policy = _reset_jit(policy, rows)
             jax.block_until_ready((state, policy))
             refill_seconds += time.perf_counter() - t2
             insert_seconds += time.perf_counter() - t3
@@ -302,17 +297,14 @@ def serve(target, target_params, requests: Sequence[Sequence[int]], config: Deco
         wait = max(refill_rows - idle, 1) if queue < len(requests) else slots
         done_limit = min(int(done.sum()) + wait, slots)
         t4 = time.perf_counter()
-        if policy is None:
-            state = prep.rounds_fn(target_params, draft_params, state, limit,
-                                   done_limit=done_limit)
-        else:
-            state, policy = prep.rounds_fn(target_params, draft_params, state, policy, limit,
-                                           done_limit=done_limit)
+        state, policy = prep.rounds_fn(target_params, draft_params, state, policy, limit,
+                                       done_limit=done_limit)
         ran = int((np.asarray(state.rounds) - live_rounds)[~done].max(initial=0))
         calls.append((ran, time.perf_counter() - t4))   # a live row counts every round
     seconds = time.perf_counter() - t1 - refill_compile + first_prefill
     prefill_seconds = first_prefill + refill_seconds - refill_compile
-    widths, arms, costs = speculative.width_report(prep, policy, sum(n for n, _ in calls))
+    widths, arms, costs = loop.width_report(config, prep.widths, policy,
+                                            sum(n for n, _ in calls))
     return ServeResult(
         results, rounds, hist, slots, seconds, prefill_seconds, refills, prep.num_drafts + 1,
         compile_seconds=prep.compile_seconds + refill_compile,

@@ -3,9 +3,10 @@
     result = generate(target, target_params, prompts, DecodeConfig(method="domino"),
                       drafter, draft_params)
 
-What runs on the device is :mod:`domino_jax.decode.round` (prefill, then a
-``lax.while_loop`` of draft -> verify -> commit rounds until every row is done or a round
-limit is reached, so the CLI can stream chunks without a host sync per round). This module
+What runs on the device is :mod:`domino_jax.decode.loop` (prefill, then a
+``lax.while_loop`` of draft -> verify -> commit rounds, :mod:`domino_jax.decode.round`,
+under the run's policy, until every row is done or a round limit is reached, so the CLI can
+stream chunks without a host sync per round). This module
 does what happens around it: validation, prompt padding into length buckets (one compiled
 program per bucket), the cache capacity, the compile cache (programs compiled ahead of
 time, per models, config and shapes; :func:`precompile` fills it without running anything,
@@ -29,13 +30,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.layout import Format, Layout
 
-from domino_jax.decode import adaptive as adaptive_lib
+from domino_jax.decode import loop
 from domino_jax.decode.config import DecodeConfig
 from domino_jax.decode.cost_model import CostModel, cost_key
 from domino_jax.decode.contract import DecodeState, Drafter
 from domino_jax.decode.methods import METHODS, drafter_class, make_drafter
 from domino_jax.decode.prefill import check_context_length
-from domino_jax.decode.round import decode_rounds, prefill
 from domino_jax.kv_cache import align_slots
 from domino_jax.models.qwen3 import TargetLM
 from domino_jax.program_cache import FreshJit, ProgramCache, fresh_function
@@ -97,18 +97,13 @@ def precision_scope(target: TargetLM):
 
 # a fresh jax.jit per compiled program, so that jax's caches let a program go once
 # _PROGRAMS drops it (domino_jax/program_cache.py)
-_prefill_jit = FreshJit(prefill, static_argnums=(0, 1, 2, 8))
-_rounds_jit = FreshJit(decode_rounds, static_argnums=(0, 1, 2), donate_argnums=(5,))
-_adaptive_prefill_jit = FreshJit(adaptive_lib.prefill, static_argnums=(0, 1, 2, 8))
-_adaptive_rounds_jit = FreshJit(adaptive_lib.adaptive_rounds, static_argnums=(0, 1, 2),
-                                donate_argnums=(5,))
-# the same loops with the state's layouts left to XLA, in and out (loop_state_layouts)
+_prefill_jit = FreshJit(loop.prefill, static_argnums=(0, 1, 2, 8))
+_rounds_jit = FreshJit(loop.rounds, static_argnums=(0, 1, 2), donate_argnums=(5,))
+# the same loop with the state's layouts left to XLA, in and out (loop_state_layouts)
 _AUTO = Format(Layout.AUTO)
-_rounds_jit_auto = FreshJit(decode_rounds, static_argnums=(0, 1, 2), donate_argnums=(5,),
-                            in_shardings=(None, None, _AUTO, None, None), out_shardings=_AUTO)
-_adaptive_rounds_jit_auto = FreshJit(
-    adaptive_lib.adaptive_rounds, static_argnums=(0, 1, 2), donate_argnums=(5,),
-    in_shardings=(None, None, _AUTO, None, None, None), out_shardings=(_AUTO, None))
+_rounds_jit_auto = FreshJit(loop.rounds, static_argnums=(0, 1, 2), donate_argnums=(5,),
+                            in_shardings=(None, None, _AUTO, None, None, None),
+                            out_shardings=(_AUTO, None))
 
 
 def prompt_bucket(length: int) -> int:
@@ -153,12 +148,12 @@ class _Prepared(NamedTuple):
     key: jax.Array                # PRNGKey(seed)
     num_drafts: int               # verify rows per round - 1 (0 for AR; adaptive: the widest)
     prefill_fn: Any               # (target_params, draft_params, prompt, prompt_len, key) -> state
-    rounds_fn: Any                # (target_params, draft_params, state, max_rounds) -> state;
-    #                               adaptive: (..., state, policy, max_rounds) -> (state, policy)
+    rounds_fn: Any                # (target_params, draft_params, state, policy, max_rounds)
+    #                               -> (state, policy): a RoundsProgram
     compile_seconds: float        # see :func:`precompile`
-    drafter: Any = None           # the drafter the programs run (adaptive: its base drafter)
-    capacity: int = 0             # target cache slots
-    widths: tuple[int, ...] | None = None   # adaptive arms (None: a fixed width)
+    drafter: Any                  # the loop drafter the programs run (loop.loop_arms)
+    capacity: int                 # target cache slots
+    widths: tuple[int, ...]       # the loop's arms (a fixed width: one)
 
 
 def _resolve_drafter(target: TargetLM, config: DecodeConfig, drafter) -> Drafter:
@@ -184,11 +179,7 @@ def _prepare(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
     programs: everything :func:`generate` does before running anything (shared with
     :func:`precompile` and :func:`~domino_jax.decode.serving.serve`, which calls the round
     loop many times: ``many_calls``, see :func:`rounds_compiler_options`)."""
-    drafter = _resolve_drafter(target, config, drafter)
-    widths = None
-    if config.adaptive is not None:       # the loop's state is sized by the widest arm
-        widths = adaptive_lib.resolve_widths(config.adaptive, drafter)
-        drafter = adaptive_lib.base_drafter(drafter, config.adaptive)
+    drafter, widths = loop.loop_arms(config, _resolve_drafter(target, config, drafter))
     check_context_length(target.config, [len(p) for p in prompts], config.max_new_tokens)
     prompt, prompt_len = pad_prompts(prompts, width=width)
     num_drafts = drafter.verify_width - 1                                 # verify rows - root
@@ -254,18 +245,13 @@ def generate(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
     state = prep.prefill_fn(target_params, draft_params, prompt, prompt_len, key)
     jax.block_until_ready(state)
     prefill_seconds = time.perf_counter() - t0
-    policy, calibration_seconds, cost_source = None, 0.0, ""
-    if prep.widths is not None:
-        policy, calibration_seconds, cost_source = _start_policy(
-            prep, target, config, target_params, draft_params, state, cost_model)
+    policy, calibration_seconds, cost_source = start_policy(
+        prep, target, config, target_params, draft_params, state, cost_model)
     t1 = time.perf_counter()
     limit = chunk_rounds or (config.max_new_tokens + 1)
     while True:
-        if policy is None:
-            state = prep.rounds_fn(target_params, draft_params, state, np.int32(limit))
-        else:
-            state, policy = prep.rounds_fn(target_params, draft_params, state, policy,
-                                           np.int32(limit))
+        state, policy = prep.rounds_fn(target_params, draft_params, state, policy,
+                                       np.int32(limit))
         done = bool(jnp.all(state.done))      # one host sync per chunk
         if on_chunk is not None:
             on_chunk(_trim(state, config))
@@ -273,34 +259,26 @@ def generate(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
             break
     t2 = time.perf_counter()
     rounds = np.asarray(state.rounds)
-    widths, arms, costs = width_report(prep, policy, int(rounds.max(initial=0)))
+    widths, arms, costs = loop.width_report(config, prep.widths, policy,
+                                            int(rounds.max(initial=0)))
     return GenerateResult(_trim(state, config), rounds, np.asarray(state.accept_hist),
                           prefill_seconds, t2 - t1, prep.num_drafts + 1, prep.compile_seconds,
                           widths, calibration_seconds, cost_source, arms, costs)
 
 
-def width_report(prep: _Prepared, policy, loop_rounds: int):
-    """``(verify widths, arm rounds, arm costs)`` of a run: ``{verify rows: rounds}`` (a
-    fixed width: all ``loop_rounds``), and for an adaptive run ``{arm name: rounds}`` and the
-    policy's ms per round of each arm."""
-    if policy is None:
-        return {prep.num_drafts + 1: loop_rounds}, {}, []
-    arm_rounds = np.asarray(policy.arm_rounds)
-    return (adaptive_lib.width_histogram(prep.widths, arm_rounds),
-            adaptive_lib.arm_histogram(prep.widths, arm_rounds),
-            [float(c) for c in np.asarray(policy.costs)])
-
-
-def _start_policy(prep: _Prepared, target, config: DecodeConfig, target_params, draft_params,
-                  state: DecodeState, cost_model: CostModel | None):
-    """The adaptive loop's first policy state: the per-arm costs from ``cost_model`` (a
-    calibration on copies of the post-prefill ``state`` when needed). Returns ``(policy,
-    calibration seconds, cost source)``."""
+def start_policy(prep: _Prepared, target, config: DecodeConfig, target_params, draft_params,
+                 state: DecodeState, cost_model: CostModel | None):
+    """The loop's first policy state (:func:`~domino_jax.decode.loop.init_policy`); adaptive:
+    with the per-arm costs from ``cost_model`` (a calibration on copies of the post-prefill
+    ``state`` when needed). Returns ``(policy, calibration seconds, cost source)`` (a fixed
+    width: no costs, ``0.0`` and ``""``)."""
     batch = state.root.shape[0]
 
     def make(costs, force=-1):
-        return adaptive_lib.init_policy(config.adaptive, prep.drafter, prep.widths, batch,
-                                        costs, force)
+        return loop.init_policy(config, prep.drafter, prep.widths, batch, costs, force)
+
+    if config.adaptive is None:
+        return make(None), 0.0, ""
 
     def run_forced(arm: int, rounds: int):
         copy = prep.rounds_fn.adopt(jax.tree_util.tree_map(jnp.copy, state))
@@ -317,8 +295,8 @@ def _start_policy(prep: _Prepared, target, config: DecodeConfig, target_params, 
 
 
 class RoundsProgram:
-    """A compiled round loop: ``(target_params, draft_params, state, max_rounds)`` -> state,
-    adaptive ``(..., state, policy, max_rounds)`` -> ``(state, policy)``; the keyword
+    """A compiled round loop (:func:`~domino_jax.decode.loop.rounds`): ``(target_params,
+    draft_params, state, policy, max_rounds)`` -> ``(state, policy)``; the keyword
     ``done_limit`` (default: the whole batch) returns once that many rows are done
     (:func:`~domino_jax.decode.round.keep_running`: what continuous batching refills)."""
 
@@ -410,12 +388,9 @@ def compiled_prefill(target, drafter, config, target_params, draft_params, promp
     """``(prefill_fn, seconds)``: the AOT-compiled prefill alone for prompts shaped like
     ``prompt [B, T]`` (continuous batching refills a few slots with it), cached as
     :func:`_compiled`'s."""
-    adaptive = config.adaptive
-    prefill_jit = _prefill_jit if adaptive is None else _adaptive_prefill_jit
-
     def build():
         with precision_scope(target):
-            return prefill_jit.lower(target, drafter, config, target_params, draft_params,
+            return _prefill_jit.lower(target, drafter, config, target_params, draft_params,
                                      prompt, prompt_len, key, capacity).compile()
 
     return _cached(("prefill",) + _program_key(target, drafter, config, target_params,
@@ -471,28 +446,20 @@ def _compiled(target, drafter, config, target_params, draft_params, prompt, prom
                                                    capacity)
 
     def build():
-        adaptive = config.adaptive
-        prefill_of = prefill if adaptive is None else adaptive_lib.prefill
         limit = jnp.int32(0)
         options = rounds_compiler_options(drafter, many_calls)
         layouts = loop_state_layouts(drafter, many_calls, target_params, draft_params)
+        _, widths = loop.loop_arms(config, drafter)
         with precision_scope(target):
             state_spec = jax.eval_shape(
-                lambda tp, dp, p, pl, k: prefill_of(target, drafter, config, tp, dp, p, pl, k,
-                                                    capacity),
+                lambda tp, dp, p, pl, k: loop.prefill(target, drafter, config, tp, dp, p, pl,
+                                                      k, capacity),
                 target_params, draft_params, prompt, prompt_len, key)
-            if adaptive is None:
-                compiled = (_rounds_jit_auto if layouts else _rounds_jit).lower(
-                    target, drafter, config, target_params,
-                                             draft_params, state_spec, limit,
-                                             limit).compile(compiler_options=options)
-            else:
-                widths = adaptive_lib.resolve_widths(adaptive, drafter)
-                policy_spec = jax.eval_shape(lambda: adaptive_lib.init_policy(
-                    adaptive, drafter, widths, prompt.shape[0], [1.0] * len(widths)))
-                compiled = (_adaptive_rounds_jit_auto if layouts else _adaptive_rounds_jit).lower(
-                    target, drafter, config, target_params, draft_params, state_spec,
-                    policy_spec, limit, limit).compile(compiler_options=options)
+            policy_spec = jax.eval_shape(
+                lambda: loop.init_policy(config, drafter, widths, prompt.shape[0]))
+            compiled = (_rounds_jit_auto if layouts else _rounds_jit).lower(
+                target, drafter, config, target_params, draft_params, state_spec,
+                policy_spec, limit, limit).compile(compiler_options=options)
         return RoundsProgram(compiled, prompt.shape[0], layouts)
 
     options_key = (tuple(sorted(rounds_compiler_options(drafter, many_calls).items())),

@@ -113,14 +113,13 @@ class _Group:
         self.config, self.prep, self.axes = config, prep, axes
         self.prefills = prefills          # {(batch, width): compiled prefill}
         self.costs = costs                # adaptive: ms per round per arm, else None
+        self.adaptive = config.adaptive is not None
         self.insert = prep.rounds_fn.keeping_layouts(serving.insert_rows, static_argnums=(3,))
         self.retire = prep.rounds_fn.keeping_layouts(_retire)
 
     def policy(self, batch: int):
-        if self.costs is None:
-            return None
-        return adaptive_lib.init_policy(self.config.adaptive, self.prep.drafter,
-                                        self.prep.widths, batch, self.costs)
+        return loop.init_policy(self.config, self.prep.drafter, self.prep.widths, batch,
+                                self.costs)
 
 
 def _retire(state, rows):
@@ -168,9 +167,8 @@ class Engine:
         self.max_prompt_tokens, self.rounds_per_call = int(max_prompt_tokens), int(rounds_per_call)
         self.widths = prompt_widths(self.max_prompt_tokens)
         self.sizes = sorted({serving.refill_size(n, self.slots) for n in range(1, self.slots + 1)})
-        resolved = speculative._resolve_drafter(target, config, drafter)
-        if config.adaptive is not None:
-            resolved = adaptive_lib.base_drafter(resolved, config.adaptive)
+        resolved, _ = loop.loop_arms(config, speculative._resolve_drafter(target, config,
+                                                                          drafter))
         # one cache capacity for every prompt bucket: the loop's state has one shape
         capacity = align_slots(speculative.required_capacity(
             self.widths[-1], config, resolved.verify_width - 1))
@@ -442,8 +440,7 @@ class Engine:
         rows = jnp.asarray(free[:count] + [self.slots] * (size - count), jnp.int32)
         self._state = group.insert(group.prep.rounds_fn.adopt(self._state), part, rows,
                                    group.axes)
-        if self._policy is not None:
-            self._policy = serving._reset_jit(self._policy, rows)
+        self._policy = serving._reset_jit(self._policy, rows)
         jax.block_until_ready((self._state, self._policy))
         for s, r in zip(free, new):
             self._owner[s] = r
@@ -464,17 +461,13 @@ class Engine:
         done_limit = done_count + 1 if self._waiting else self.slots
         rounds_before = np.asarray(state.rounds)
         t0 = time.perf_counter()
-        if self._policy is None:
-            self._state = group.prep.rounds_fn(self.target_params, self.draft_params, state,
-                                               max_rounds, done_limit=done_limit)
-        else:
-            self._state, self._policy = group.prep.rounds_fn(
-                self.target_params, self.draft_params, state, self._policy, max_rounds,
-                done_limit=done_limit)
+        self._state, self._policy = group.prep.rounds_fn(
+            self.target_params, self.draft_params, state, self._policy, max_rounds,
+            done_limit=done_limit)
         ran = int((np.asarray(self._state.rounds) - rounds_before).max(initial=0))
         if self.metrics is not None:
             self.metrics.on_loop(time.perf_counter() - t0, ran)
-            if self._policy is not None:
+            if group.adaptive:
                 arms = np.asarray(self._policy.arm_rounds)
                 seen = self._arm_seen if self._arm_seen is not None else np.zeros_like(arms)
                 self.metrics.on_arms(adaptive_lib.arm_histogram(group.prep.widths,
@@ -525,9 +518,9 @@ class Engine:
             prefills = {k: f.result()[0] for k, f in jobs.items()}
         costs = None
         state = prep.prefill_fn(tp, dp, prep.prompt, prep.prompt_len, prep.key)
-        if prep.widths is not None:
-            policy, _, source = speculative._start_policy(prep, target, config, tp, dp, state,
-                                                          cost_model)
+        if config.adaptive is not None:
+            policy, _, source = speculative.start_policy(prep, target, config, tp, dp, state,
+                                                         cost_model)
             costs = [float(c) for c in np.asarray(policy.costs)]
             log.info("[serve] T=%s: arm costs from %s", sampling.temperature, source)
         group = _Group(config, prep, axes, prefills, costs)
@@ -537,10 +530,8 @@ class Engine:
                                          jnp.ones((size,), jnp.int32), prep.key)
             rows = jnp.full((size,), self.slots, jnp.int32)      # all dropped
             state = group.insert(state, part, rows, axes)
-            if policy is not None:
-                policy = serving._reset_jit(policy, rows)
-        args = (state,) if policy is None else (state, policy)
-        jax.block_until_ready((prep.rounds_fn(tp, dp, *args, np.int32(1)),
+            policy = serving._reset_jit(policy, rows)
+        jax.block_until_ready((prep.rounds_fn(tp, dp, state, policy, np.int32(1)),
                                jax.random.fold_in(self.key, 0)))
         log.info("[serve] T=%s top_k=%s top_p=%s: %d prefill programs + the round loop "
                  "compiled in %.1f s", sampling.temperature, sampling.top_k, sampling.top_p,
@@ -554,8 +545,7 @@ class Engine:
         by the capacity, not the prompt), so any refill fits the running state."""
         def shapes(width):
             return [x.shape for x in jax.tree_util.tree_leaves(jax.eval_shape(
-                lambda tp, dp, p, pl: (speculative.prefill if config.adaptive is None
-                                       else adaptive_lib.prefill)(
+                lambda tp, dp, p, pl: loop.prefill(
                     self.target, prep.drafter, config, tp, dp, p, pl, prep.key,
                     prep.capacity),
                 self.target_params, self.draft_params,
