@@ -16,7 +16,7 @@ from test_decode_adaptive import AD, MIXED
 from test_decode_greedy import PI, RAGGED
 from test_decode_sampling import PROMPT, V, models  # noqa: F401  (the T > 0 tiny pair)
 from domino_jax.decode import serving
-from domino_jax.decode.adaptive import AdaptiveConfig
+from domino_jax.decode.adaptive import AdaptiveConfig, PolicyState
 from domino_jax.decode.cost_model import CostModel
 from domino_jax.decode.methods import make_drafter, method_options
 from domino_jax.decode.sampling import SamplingConfig
@@ -83,7 +83,7 @@ def test_static_batch_equals_generate():
 
 
 def test_adaptive_statistics_of_a_refilled_slot_start_at_the_prior():
-    policy = serving.adaptive_lib.PolicyState(
+    policy = PolicyState(
         jnp.ones((3, 1, 2)), jnp.ones((3, 1, 2)) * 2, jnp.ones(2), jnp.int32(-1), jnp.int32(4),
         jnp.int32(8), jnp.zeros(2, jnp.int32), jnp.int32(0), jnp.int32(2))
     reset = serving.reset_policy_rows(policy, jnp.asarray([2, 3], jnp.int32))   # 3: dropped
