@@ -43,6 +43,11 @@ logits float32, the
 new state rounded to the activation dtype: the rounding points of ``rollout``. Differences
 from it are float32 summation order only (accumulation over ``E`` / ``G`` in chunks).
 
+Blocking: :func:`plan_step` picks the blocks, chunks and launch parameters; a
+:class:`KernelTuning` overrides any of them (static, per call: ``HeadKernels.tuning``), for
+the sweeps of ``docs/design.md`` §6. Its ``row_gru`` (Triton, batch 1) computes kernel B's
+GRU on the one live row instead of the ``R`` padded rows and broadcasts it into the dot.
+
 Plain-JAX twins: :func:`logits_argmax_reference` and :func:`state_step_reference` (the same
 blocks and partials, any backend).
 """
@@ -88,8 +93,59 @@ def padded_rows(variant: str, batch: int) -> int:
     return _pow2_at_least(batch, 16) if variant == "triton" else batch
 
 
+class KernelTuning(NamedTuple):
+    """Overrides of a :class:`StepPlan`'s blocking (static, hashable; ``None`` = the plan's
+    default, so ``KernelTuning()`` is the default plan). What each knob trades:
+    ``docs/design.md`` §6.
+
+    Kernel A (the ``W2`` product and the choice): ``block_v`` vocabulary columns per program
+    (power of two on Triton, a multiple of 128 on TPU), ``emb_chunk`` the ``E``-chunk of its
+    accumulation loop (power of two >= 16 dividing ``E``), ``num_warps`` / ``num_stages``
+    its Triton launch (warps per program, software-pipelining stages of the loop).
+    Kernel B and DominoTree's depth step (the advance): ``block_n`` ``state_proj`` columns
+    per program, ``gru_chunk`` the ``G``-chunk of its loop (power of two >= 16 dividing
+    ``G``), ``num_warps_b`` / ``num_stages_b`` their Triton launch, ``row_gru = 1``: at
+    batch 1 the GRU runs on the one live row (``[1, gru_chunk]`` tiles broadcast into the
+    dot's ``R`` rows) instead of all ``R`` padded rows (other batches: ignored). The Mosaic
+    TPU variant takes ``block_v`` and ``block_n`` only; the other fields are Triton's.
+    """
+
+    block_v: int | None = None
+    emb_chunk: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+    block_n: int | None = None
+    gru_chunk: int | None = None
+    num_warps_b: int | None = None
+    num_stages_b: int | None = None
+    row_gru: int | None = None
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and not n & (n - 1)
+
+
+def check_tuning(tuning: KernelTuning) -> None:
+    """``ValueError`` naming the field and value of ``tuning`` that no plan could take
+    (the shape-dependent checks are :func:`plan_step`'s)."""
+    if not isinstance(tuning, KernelTuning):
+        raise ValueError(f"kernel tuning must be a KernelTuning, got {tuning!r}")
+    for name, value in tuning._asdict().items():
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"kernel tuning {name}={value!r}: must be a positive int")
+        if name.startswith("num_warps") and value not in (1, 2, 4, 8, 16):
+            raise ValueError(f"kernel tuning {name}={value}: must be 1, 2, 4, 8 or 16")
+        if name.startswith("num_stages") and value > 8:
+            raise ValueError(f"kernel tuning {name}={value}: must be 1-8")
+        if name == "row_gru" and value != 1:
+            raise ValueError(f"kernel tuning row_gru={value}: must be 1 (or unset)")
+
+
 class StepPlan(NamedTuple):
-    """Static blocking of one head step."""
+    """Static blocking of one head step (:func:`plan_step`; :class:`KernelTuning` says what
+    each knob trades)."""
 
     variant: str
     batch: int
@@ -104,7 +160,11 @@ class StepPlan(NamedTuple):
     block_n: int        # state_proj columns per kernel-B program / block
     num_col_blocks: int  # ceil((3G + E) / block_n)
     gru_chunk: int      # G-chunk of kernel B's loop (Triton)
-    num_warps: int
+    num_warps: int      # kernel A's Triton launch
+    num_stages: int = 2
+    num_warps_b: int = 4     # kernel B's and the depth step's Triton launch
+    num_stages_b: int = 2
+    row_gru: bool = False    # batch 1: kernel B's GRU on the live row only (Triton)
 
 
 def supported(variant: str, batch: int, vocab: int, emb_dim: int, gru_dim: int) -> str | None:
@@ -129,28 +189,45 @@ def supported(variant: str, batch: int, vocab: int, emb_dim: int, gru_dim: int) 
     return None
 
 
+def _chunk(name: str, value: int | None, dim_name: str, dim: int, default: int) -> int:
+    """A Triton loop chunk: ``value`` (a power of two >= 16 dividing ``dim``) or the largest
+    power of two <= ``default`` dividing ``dim``."""
+    if value is None:
+        return _largest_pow2_divisor(dim, default)
+    if not _is_pow2(value) or value < 16 or dim % value:
+        raise ValueError(f"kernel tuning {name}={value}: must be a power of two >= 16 "
+                         f"dividing {dim_name} = {dim}")
+    return value
+
+
 def plan_step(variant: str, batch: int, vocab: int, emb_dim: int, gru_dim: int,
               block_v: int | None = None, block_n: int | None = None,
-              num_warps: int = 4) -> StepPlan:
+              num_warps: int | None = None,
+              tuning: KernelTuning | None = None) -> StepPlan:
     """The :class:`StepPlan` for these shapes; ``ValueError`` naming the reason when
-    :func:`supported` rejects them or a given block does not fit."""
+    :func:`supported` rejects them or a given block does not fit. ``tuning`` overrides
+    the defaults (its ``block_v`` / ``block_n`` / ``num_warps`` win over the arguments)."""
     reason = supported(variant, batch, vocab, emb_dim, gru_dim)
     if reason is not None:
         raise ValueError(f"Domino head step kernel ({variant}): {reason}")
+    tuning = KernelTuning() if tuning is None else tuning
+    check_tuning(tuning)
+    block_v = tuning.block_v or block_v
+    block_n = tuning.block_n or block_n
     width = emb_dim + 3 * gru_dim
     rows = padded_rows(variant, batch)
     if variant == "triton":
         block_v = block_v or 512
         block_n = block_n or _largest_pow2_divisor(width, 32)
-        if block_v & (block_v - 1) or block_n & (block_n - 1) or block_n < 16:
+        if not _is_pow2(block_v) or not _is_pow2(block_n) or block_n < 16:
             raise ValueError(f"Triton blocks must be powers of two (block_n >= 16): "
                              f"block_v {block_v}, block_n {block_n}")
         if width % block_n:
             raise ValueError(f"block_n {block_n} does not divide E + 3G = {width}")
         num_blocks = -(-vocab // block_v)
         part_rows = _pow2_at_least(num_blocks)
-        emb_chunk = _largest_pow2_divisor(emb_dim, 64)
-        gru_chunk = _largest_pow2_divisor(gru_dim, 128)
+        emb_chunk = _chunk("emb_chunk", tuning.emb_chunk, "E", emb_dim, 64)
+        gru_chunk = _chunk("gru_chunk", tuning.gru_chunk, "G", gru_dim, 128)
     else:
         block_v = block_v or 2048
         if block_n is None:              # two blocks of whole 128-lane groups
@@ -164,7 +241,9 @@ def plan_step(variant: str, batch: int, vocab: int, emb_dim: int, gru_dim: int,
         part_rows = 1
         emb_chunk, gru_chunk = emb_dim, gru_dim
     return StepPlan(variant, batch, rows, vocab, emb_dim, gru_dim, block_v, num_blocks,
-                    part_rows, emb_chunk, block_n, -(-width // block_n), gru_chunk, num_warps)
+                    part_rows, emb_chunk, block_n, -(-width // block_n), gru_chunk,
+                    tuning.num_warps or num_warps or 4, tuning.num_stages or 2,
+                    tuning.num_warps_b or 4, tuning.num_stages_b or 2, bool(tuning.row_gru))
 
 
 def pad_z(z_proj: jax.Array, gru_dim: int, rows: int) -> jax.Array:
@@ -346,7 +425,8 @@ def logits_argmax(products: jax.Array, w2: jax.Array, base: jax.Array, *, plan: 
         inputs = [products, w2, base.reshape(-1)] + ([noise.reshape(-1)] if has_noise else [])
         outs = pl.pallas_call(
             kernel, grid=(plan.num_blocks,), out_shape=out_shape, interpret=interpret,
-            compiler_params=plgpu.CompilerParams(num_warps=plan.num_warps, num_stages=2),
+            compiler_params=plgpu.CompilerParams(num_warps=plan.num_warps,
+                                                 num_stages=plan.num_stages),
             name="domino_head_logits_argmax")(*inputs)
         partials = Partials(outs[0], outs[1], plan.num_blocks)
         logits = outs[2].reshape(plan.rows, vocab)[:batch] if write_logits else None
@@ -415,11 +495,19 @@ def advance_triton(pid, gate_row, parent_row, table_ref, state_ref, prod_ref, z_
     rows, gru_dim, chunk, block_n = plan.rows, plan.gru_dim, plan.gru_chunk, plan.block_n
     width = 3 * gru_dim + plan.emb_dim
     live = (lax.broadcasted_iota(jnp.int32, (rows, 1), 0) < plan.batch)     # pad rows: 0
-    gate_at = (gate_row * (3 * gru_dim))[:, None]                            # [R, 1]
-    state_at = (parent_row * gru_dim)[:, None]
-    hidden_at = (parent_row * width)[:, None]
+    one_row = plan.row_gru and plan.batch == 1
+    if one_row:       # the GRU on the live row alone, broadcast into the dot's R rows
+        first = lax.broadcasted_iota(jnp.int32, (rows,), 0) == 0
+        pick = lambda x: jnp.sum(jnp.where(first, x, 0))                    # noqa: E731
+        gate_row, parent_row = pick(gate_row), pick(parent_row)             # scalars
+        load = lambda ref, at: plgpu.load(ref.at[at])                       # noqa: E731
+    else:
+        gate_row, parent_row = gate_row[:, None], parent_row[:, None]       # [R, 1]
+        load = lambda ref, at: plgpu.load(ref.at[at], mask=live, other=0)   # noqa: E731
+    gate_at = gate_row * (3 * gru_dim)
+    state_at = parent_row * gru_dim
+    hidden_at = parent_row * width
     cols = pl.multiple_of(pid * block_n, block_n)
-    load = lambda ref, at: plgpu.load(ref.at[at], mask=live, other=0)       # noqa: E731
 
     def body(c, acc):
         g0 = pl.multiple_of(c * chunk, chunk)
@@ -428,6 +516,8 @@ def advance_triton(pid, gate_row, parent_row, table_ref, state_ref, prod_ref, z_
         hidden = [load(prod_ref, hidden_at + k * gru_dim + lane) for k in range(3)]
         state = load(state_ref, state_at + lane)
         new = gru_from_gates(gates, hidden, state.astype(jnp.float32)).astype(state.dtype)
+        if one_row:                                           # [1, chunk] -> [R, chunk]
+            new = jnp.where(live, jnp.broadcast_to(new, (rows, chunk)), 0).astype(state.dtype)
 
         @pl.when(pid == 0)
         def _write_state():
@@ -578,7 +668,8 @@ def state_step(partials: Partials, table: jax.Array, state: jax.Array, products:
             out_shape=[jax.ShapeDtypeStruct((rows,), jnp.int32),
                        jax.ShapeDtypeStruct(state.shape, state.dtype),
                        jax.ShapeDtypeStruct(products.shape, jnp.float32)],
-            compiler_params=plgpu.CompilerParams(num_warps=plan.num_warps, num_stages=2),
+            compiler_params=plgpu.CompilerParams(num_warps=plan.num_warps_b,
+                                                 num_stages=plan.num_stages_b),
             interpret=interpret, name="domino_head_state_step",
         )(partials.value, partials.index, table.reshape(-1), state.reshape(-1),
           products.reshape(-1), z, state_proj)

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from domino_jax.pallas.head_step import (BIG_INDEX, StepPlan, _pow2_at_least,
+from domino_jax.pallas.head_step import (BIG_INDEX, KernelTuning, StepPlan, _pow2_at_least,
                                          advance_reference, advance_tpu, advance_triton,
                                          dot, plan_step, supported)
 
@@ -69,11 +69,14 @@ def tree_supported(variant: str, width: int, vocab: int, emb_dim: int, gru_dim: 
 
 
 def plan_tree_step(variant: str, width: int, vocab: int, emb_dim: int, gru_dim: int,
-                   node_topk: int, topm: int) -> TreePlan:
+                   node_topk: int, topm: int, tuning: KernelTuning | None = None) -> TreePlan:
+    """The :class:`TreePlan` (``ValueError`` with the reason where :func:`tree_supported`
+    or the ``tuning`` rejects it); the advance takes ``tuning``'s kernel-B fields
+    (``block_n``, ``gru_chunk``, ``num_warps_b``, ``num_stages_b``)."""
     reason = tree_supported(variant, width, vocab, emb_dim, gru_dim, node_topk, topm)
     if reason is not None:
         raise ValueError(f"DominoTree depth-step kernel ({variant}): {reason}")
-    step = plan_step(variant, width, vocab, emb_dim, gru_dim)
+    step = plan_step(variant, width, vocab, emb_dim, gru_dim, tuning=tuning)
     return TreePlan(step, width, node_topk, _pow2_at_least(node_topk), topm,
                     _pow2_at_least(topm, 16))
 
@@ -232,7 +235,8 @@ def tree_step(lane_score: jax.Array, state: jax.Array, products: jax.Array,
                           jax.ShapeDtypeStruct(products.shape, jnp.float32)]
         outs = pl.pallas_call(
             kernel, grid=(step.num_col_blocks if advance else 1,), out_shape=out_shape,
-            compiler_params=plgpu.CompilerParams(num_warps=step.num_warps, num_stages=2),
+            compiler_params=plgpu.CompilerParams(num_warps=step.num_warps_b,
+                                                 num_stages=step.num_stages_b),
             interpret=interpret, name="dominotree_depth_step",
         )(lane_score, inputs.cand, inputs.cand_logits, inputs.cand_w2, inputs.base_tok,
           inputs.base_lp, table.reshape(-1), state.reshape(-1), products.reshape(-1),
