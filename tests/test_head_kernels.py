@@ -116,13 +116,15 @@ def test_state_step_matches_twin_and_gru(variant, pool):
                                rtol=RTOL, atol=RTOL)
 
 
-def test_row_gru_state_step_matches_twin():
+@pytest.mark.parametrize("split", [None, 1])
+def test_row_gru_state_step_matches_twin(split):
     """Kernel B at batch 1 with ``row_gru`` (the GRU on the live row, broadcast into the
-    dot's rows): the twin's token, state and products, pad rows included (a zero state)."""
+    dot's rows), also with ``split_advance`` (the products in XLA): the twin's token, state
+    and products, pad rows included (a zero state)."""
     _, x = _head_inputs("triton", seed=5)
     plan = hs.plan_step("triton", 1, V, E, G, block_v=128,
-                        tuning=hs.KernelTuning(row_gru=1, gru_chunk=32))
-    assert plan.row_gru
+                        tuning=hs.KernelTuning(row_gru=1, gru_chunk=32, split_advance=split))
+    assert plan.row_gru and plan.split_advance == bool(split)
     state, products = x["state"].at[1:].set(0), x["products"].at[1:].set(0)
     parts, _ = hs.logits_argmax_reference(products, x["w2"], x["base"][:1], plan=plan,
                                           step=1, act_dtype=jnp.float32)
@@ -368,8 +370,9 @@ def test_fixture_greedy_decodes_through_the_kernels():
 
 def test_tuned_triton_kernels_equal_plain():
     """A non-default blocking (:data:`TUNED`: more, smaller blocks and chunks) drafts what
-    ``domino_head.rollout`` drafts (at batch 2, and at batch 1 where ``row_gru`` acts) and
-    builds the plain builder's tree, Triton kernels in the interpreter."""
+    ``domino_head.rollout`` drafts (at batch 2, and at batch 1 where ``row_gru`` acts), and
+    with ``split_advance`` (the advance's products in XLA) builds the plain builder's tree,
+    Triton kernels in the interpreter."""
     from domino_jax.decode import tree as tree_lib
 
     kernels = hk.HeadKernels("triton", interpret=True, tuning=TUNED)
@@ -382,7 +385,8 @@ def test_tuned_triton_kernels_equal_plain():
         assert none is None
         np.testing.assert_array_equal(ours, tokens[:batch])
     args, plain = _plain_tree()
-    fused = tree_lib.build_dominotree(*args, node_topk=3, topm=10, kernels=kernels)
+    split = kernels._replace(tuning=TUNED._replace(split_advance=1))
+    fused = tree_lib.build_dominotree(*args, node_topk=3, topm=10, kernels=split)
     for name in ("tokens", "depths", "parents", "valid"):
         np.testing.assert_array_equal(getattr(fused, name), getattr(plain, name), err_msg=name)
 
@@ -394,6 +398,7 @@ def test_kernel_tuning_parsed_and_checked():
     assert hk.parse_tuning("block_v=1024, num_warps=8") == hs.KernelTuning(block_v=1024,
                                                                           num_warps=8)
     for spec, match in (("blockv=4", "'blockv=4'"), ("num_warps=3", "num_warps=3"),
+                        ("split_advance=2", "split_advance=2: must be 1"),
                         ("gru_chunk=x", "gru_chunk='x'"), ("block_n=0", "block_n=0"),
                         ("num_stages=2,num_stages=3", "num_stages given twice")):
         with pytest.raises(ValueError, match=match):

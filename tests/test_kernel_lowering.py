@@ -82,13 +82,15 @@ TUNINGS = {"wide": head_step.KernelTuning(block_v=2048, emb_chunk=128, num_warps
                                           num_stages=3, block_n=64, gru_chunk=32,
                                           num_warps_b=8, num_stages_b=3),
            "narrow": head_step.KernelTuning(block_v=256, emb_chunk=32, num_stages=4,
-                                            block_n=16, gru_chunk=16, num_warps_b=2)}
+                                            block_n=16, gru_chunk=16, num_warps_b=2),
+           "split": head_step.KernelTuning(row_gru=1, split_advance=1, gru_chunk=32)}
 
 
 @pytest.mark.parametrize("tuning", sorted(TUNINGS))
 @pytest.mark.parametrize("target", GPU, ids=[t.name for t in GPU])
 def test_tuned_kernels_lower_for_cuda(target, tuning):
-    """Kernel A, kernel B and the depth step under each tuning, Qwen3-8B shape, batch 1."""
+    """Kernel A, kernel B and the depth step under each tuning, Qwen3-8B shape, batch 1
+    (``split``: the advance's GRU in the kernel, its products in XLA: still one kernel)."""
     vocab, emb, gru, *_, k_draft = SHAPES["qwen3_8b"]
     plan = head_step.plan_step("triton", 1, vocab, emb, gru, tuning=TUNINGS[tuning])
     rows, width = plan.rows, 3 * gru + emb

@@ -217,9 +217,7 @@ def lane_products(state: jax.Array, state_proj: jax.Array, z: jax.Array, row: in
                   gru_dim: int) -> jax.Array:
     """The carried products ``[R, 3G + E]`` of ``state [R, G]`` (``h``, then ``u`` with
     ``z[row]``), in XLA: the loop's first step, which no kernel made."""
-    acc = hs.dot(state, state_proj.astype(state.dtype))
-    col = jnp.arange(acc.shape[1])[None]
-    return jnp.where(col >= 3 * gru_dim, jax.nn.silu(z[row] + acc), acc)
+    return hs.products_of(state, state_proj, z[row], gru_dim)
 
 
 def fused_rollout(head: domino_head.DecodeHead, config: DraftConfig, draft_hidden: jax.Array,

@@ -106,8 +106,11 @@ class KernelTuning(NamedTuple):
     per program, ``gru_chunk`` the ``G``-chunk of its loop (power of two >= 16 dividing
     ``G``), ``num_warps_b`` / ``num_stages_b`` their Triton launch, ``row_gru = 1``: at
     batch 1 the GRU runs on the one live row (``[1, gru_chunk]`` tiles broadcast into the
-    dot's ``R`` rows) instead of all ``R`` padded rows (other batches: ignored). The Mosaic
-    TPU variant takes ``block_v`` and ``block_n`` only; the other fields are Triton's.
+    dot's ``R`` rows) instead of all ``R`` padded rows (other batches: ignored);
+    ``split_advance = 1``: the advance's programs each make one ``gru_chunk`` of the new
+    state (no program repeats the GRU) and XLA makes its ``[W_hh | W1_s]`` products after
+    the kernel (:func:`products_of`; one more launch). The Mosaic TPU variant takes
+    ``block_v`` and ``block_n`` only; the other fields are Triton's.
     """
 
     block_v: int | None = None
@@ -119,6 +122,7 @@ class KernelTuning(NamedTuple):
     num_warps_b: int | None = None
     num_stages_b: int | None = None
     row_gru: int | None = None
+    split_advance: int | None = None
 
 
 def _is_pow2(n: int) -> bool:
@@ -139,8 +143,8 @@ def check_tuning(tuning: KernelTuning) -> None:
             raise ValueError(f"kernel tuning {name}={value}: must be 1, 2, 4, 8 or 16")
         if name.startswith("num_stages") and value > 8:
             raise ValueError(f"kernel tuning {name}={value}: must be 1-8")
-        if name == "row_gru" and value != 1:
-            raise ValueError(f"kernel tuning row_gru={value}: must be 1 (or unset)")
+        if name in ("row_gru", "split_advance") and value != 1:
+            raise ValueError(f"kernel tuning {name}={value}: must be 1 (or unset)")
 
 
 class StepPlan(NamedTuple):
@@ -165,6 +169,7 @@ class StepPlan(NamedTuple):
     num_warps_b: int = 4     # kernel B's and the depth step's Triton launch
     num_stages_b: int = 2
     row_gru: bool = False    # batch 1: kernel B's GRU on the live row only (Triton)
+    split_advance: bool = False  # the advance's GRU in the kernel, its products in XLA
 
 
 def supported(variant: str, batch: int, vocab: int, emb_dim: int, gru_dim: int) -> str | None:
@@ -243,7 +248,8 @@ def plan_step(variant: str, batch: int, vocab: int, emb_dim: int, gru_dim: int,
     return StepPlan(variant, batch, rows, vocab, emb_dim, gru_dim, block_v, num_blocks,
                     part_rows, emb_chunk, block_n, -(-width // block_n), gru_chunk,
                     tuning.num_warps or num_warps or 4, tuning.num_stages or 2,
-                    tuning.num_warps_b or 4, tuning.num_stages_b or 2, bool(tuning.row_gru))
+                    tuning.num_warps_b or 4, tuning.num_stages_b or 2, bool(tuning.row_gru),
+                    bool(tuning.split_advance))
 
 
 def pad_z(z_proj: jax.Array, gru_dim: int, rows: int) -> jax.Array:
@@ -509,8 +515,7 @@ def advance_triton(pid, gate_row, parent_row, table_ref, state_ref, prod_ref, z_
     hidden_at = parent_row * width
     cols = pl.multiple_of(pid * block_n, block_n)
 
-    def body(c, acc):
-        g0 = pl.multiple_of(c * chunk, chunk)
+    def gru_chunk(g0):
         lane = g0 + lax.broadcasted_iota(jnp.int32, (1, chunk), 1)
         gates = [load(table_ref, gate_at + k * gru_dim + lane) for k in range(3)]
         hidden = [load(prod_ref, hidden_at + k * gru_dim + lane) for k in range(3)]
@@ -518,6 +523,16 @@ def advance_triton(pid, gate_row, parent_row, table_ref, state_ref, prod_ref, z_
         new = gru_from_gates(gates, hidden, state.astype(jnp.float32)).astype(state.dtype)
         if one_row:                                           # [1, chunk] -> [R, chunk]
             new = jnp.where(live, jnp.broadcast_to(new, (rows, chunk)), 0).astype(state.dtype)
+        return new
+
+    if plan.split_advance:               # program pid: chunk pid of the state, no products
+        g0 = pl.multiple_of(pid * chunk, chunk)
+        state_out[:, pl.ds(g0, chunk)] = gru_chunk(g0)
+        return
+
+    def body(c, acc):
+        g0 = pl.multiple_of(c * chunk, chunk)
+        new = gru_chunk(g0)
 
         @pl.when(pid == 0)
         def _write_state():
@@ -533,12 +548,29 @@ def advance_triton(pid, gate_row, parent_row, table_ref, state_ref, prod_ref, z_
                                                   acc)
 
 
+def advance_grid(plan: StepPlan) -> int:
+    """Programs of an advance launch: one per ``state_proj`` column block, or with
+    ``split_advance`` one per ``gru_chunk`` of the state."""
+    return plan.gru_dim // plan.gru_chunk if plan.split_advance else plan.num_col_blocks
+
+
+def products_of(new_state: jax.Array, state_proj: jax.Array, z_row: jax.Array,
+                gru_dim: int) -> jax.Array:
+    """``[R, 3G + E]`` float32 products of ``new_state [R, G]`` with ``state_proj``: ``h``
+    in the first ``3G`` columns, then ``silu(z_row + .)`` (``z_row [R or 1, 3G + E]``), in
+    XLA (the twins' advance, the rollout's first step and ``split_advance``)."""
+    acc = dot(new_state, state_proj.astype(new_state.dtype))
+    col = jnp.arange(acc.shape[1])[None]
+    return jnp.where(col >= 3 * gru_dim, jax.nn.silu(z_row + acc), acc)
+
+
 def _state_step_triton(value_ref, index_ref, table_ref, state_ref, prod_ref, z_ref,
-                       proj_ref, token_ref, state_out, prod_out, *, plan: StepPlan,
+                       proj_ref, token_ref, state_out, *prod_out, plan: StepPlan,
                        num_parts: int, part_rows: int, table_rows: int, row_stride: int,
                        z_row: int):
     """Finish the choice from ``value, index [P, R]``, then :func:`advance_triton` (rows keep
-    their own state); also writes ``token [R]`` int32."""
+    their own state; ``prod_out`` absent with ``split_advance``); also writes ``token [R]``
+    int32."""
     from jax.experimental.pallas import triton as plgpu
 
     pid = pl.program_id(0)
@@ -552,7 +584,7 @@ def _state_step_triton(value_ref, index_ref, table_ref, state_ref, prod_ref, z_r
     token = jnp.where(row < plan.batch, jnp.clip(token, 0, table_rows - 1), 0)
     gate_row = token + jnp.minimum(row, plan.batch - 1) * row_stride
     advance_triton(pid, gate_row, row, table_ref, state_ref, prod_ref, z_ref, proj_ref,
-                   state_out, prod_out, plan=plan, z_row=z_row)
+                   state_out, prod_out[0] if prod_out else None, plan=plan, z_row=z_row)
 
     @pl.when(pid == 0)
     def _write_token():
@@ -663,17 +695,20 @@ def state_step(partials: Partials, table: jax.Array, state: jax.Array, products:
             _state_step_triton, plan=plan, num_parts=partials.num,
             part_rows=partials.value.shape[0], table_rows=table_rows,
             row_stride=row_stride, z_row=z_row)
-        token, new_state, new_products = pl.pallas_call(
-            kernel, grid=(plan.num_col_blocks,),
-            out_shape=[jax.ShapeDtypeStruct((rows,), jnp.int32),
-                       jax.ShapeDtypeStruct(state.shape, state.dtype),
-                       jax.ShapeDtypeStruct(products.shape, jnp.float32)],
+        out_shape = [jax.ShapeDtypeStruct((rows,), jnp.int32),
+                     jax.ShapeDtypeStruct(state.shape, state.dtype)]
+        if not plan.split_advance:
+            out_shape.append(jax.ShapeDtypeStruct(products.shape, jnp.float32))
+        token, new_state, *new_products = pl.pallas_call(
+            kernel, grid=(advance_grid(plan),), out_shape=out_shape,
             compiler_params=plgpu.CompilerParams(num_warps=plan.num_warps_b,
                                                  num_stages=plan.num_stages_b),
             interpret=interpret, name="domino_head_state_step",
         )(partials.value, partials.index, table.reshape(-1), state.reshape(-1),
           products.reshape(-1), z, state_proj)
-        return token[:plan.batch], new_state, new_products
+        if plan.split_advance:
+            new_products = [products_of(new_state, state_proj, z[z_row], plan.gru_dim)]
+        return token[:plan.batch], new_state, new_products[0]
     token = jnp.clip(finish_choice(partials, plan.batch), 0, table_rows - 1)
     new_state, new_products = advance_tpu(token, None, table, state, products, z, state_proj,
                                           plan=plan, row_stride=row_stride, z_row=z_row,
@@ -696,10 +731,7 @@ def advance_reference(token: jax.Array, parent: jax.Array | None, table: jax.Arr
     split = lambda x: [x[:, k * gru_dim:(k + 1) * gru_dim] for k in range(3)]  # noqa: E731
     new = gru_from_gates(split(gates), split(hidden),
                          state_in.astype(jnp.float32)).astype(state.dtype)
-    acc = dot(new, state_proj.astype(new.dtype))                            # [R, 3G + E]
-    col = jnp.arange(acc.shape[1])[None]
-    new_products = jnp.where(col >= 3 * gru_dim, jax.nn.silu(z[z_row] + acc), acc)
-    return new, new_products
+    return new, products_of(new, state_proj, z[z_row], gru_dim)
 
 
 def state_step_reference(partials: Partials, table: jax.Array, state: jax.Array,

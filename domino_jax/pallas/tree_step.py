@@ -39,8 +39,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from domino_jax.pallas.head_step import (BIG_INDEX, KernelTuning, StepPlan, _pow2_at_least,
-                                         advance_reference, advance_tpu, advance_triton,
-                                         dot, plan_step, supported)
+                                         advance_grid, advance_reference, advance_tpu,
+                                         advance_triton, dot, plan_step, products_of,
+                                         supported)
 
 
 class TreePlan(NamedTuple):
@@ -163,7 +164,7 @@ def _tree_step_triton(score_ref, cand_ref, logit_ref, w2c_ref, btok_ref, blp_ref
     """Refs: ``lane_score [R]``, the :class:`DepthInputs` arrays, ``table`` flat ``[V *
     3G]``, ``state`` flat ``[R * G]``, ``products`` flat ``[R * (3G + E)]``, ``z``,
     ``state_proj``; outputs ``best, token, lane [R]`` and (``advance``) the new lanes'
-    ``state [R, G]``, ``products [R, 3G + E]``."""
+    ``state [R, G]``, ``products [R, 3G + E]`` (not with ``split_advance``)."""
     step = plan.step
     rows, width = step.rows, 3 * step.gru_dim + step.emb_dim
     pid = pl.program_id(0)
@@ -175,9 +176,10 @@ def _tree_step_triton(score_ref, cand_ref, logit_ref, w2c_ref, btok_ref, blp_ref
         logit_ref[pl.ds(depth, 1), :], w2c_ref[depth], btok_ref[pl.ds(depth, 1), :],
         blp_ref[pl.ds(depth, 1), :], plan=plan, from_base=from_base)
     if advance:
-        state_out, prod_out = state_outs
+        state_out, *prod_out = state_outs
         advance_triton(pid, token[:, 0], lane[:, 0], table_ref, state_ref, prod_ref, z_ref,
-                       proj_ref, state_out, prod_out, plan=step, z_row=depth + 1)
+                       proj_ref, state_out, prod_out[0] if prod_out else None, plan=step,
+                       z_row=depth + 1)
 
     @pl.when(pid == 0)
     def _write_choice():
@@ -231,10 +233,11 @@ def tree_step(lane_score: jax.Array, state: jax.Array, products: jax.Array,
                      jax.ShapeDtypeStruct((rows,), jnp.int32),
                      jax.ShapeDtypeStruct((rows,), jnp.int32)]
         if advance:
-            out_shape += [jax.ShapeDtypeStruct(state.shape, state.dtype),
-                          jax.ShapeDtypeStruct(products.shape, jnp.float32)]
+            out_shape.append(jax.ShapeDtypeStruct(state.shape, state.dtype))
+            if not step.split_advance:
+                out_shape.append(jax.ShapeDtypeStruct(products.shape, jnp.float32))
         outs = pl.pallas_call(
-            kernel, grid=(step.num_col_blocks if advance else 1,), out_shape=out_shape,
+            kernel, grid=(advance_grid(step) if advance else 1,), out_shape=out_shape,
             compiler_params=plgpu.CompilerParams(num_warps=step.num_warps_b,
                                                  num_stages=step.num_stages_b),
             interpret=interpret, name="dominotree_depth_step",
@@ -242,8 +245,12 @@ def tree_step(lane_score: jax.Array, state: jax.Array, products: jax.Array,
           inputs.base_lp, table.reshape(-1), state.reshape(-1), products.reshape(-1),
           inputs.z, state_proj)
         best, token, lane = (x[:width] for x in outs[:3])
-        new = tuple(outs[3:]) if advance else (None, None)
-        return (best, token, lane) + new
+        if not advance:
+            return best, token, lane, None, None
+        if step.split_advance:            # the products in XLA (head_step.products_of)
+            return best, token, lane, outs[3], products_of(outs[3], state_proj,
+                                                           inputs.z[depth + 1], step.gru_dim)
+        return best, token, lane, outs[3], outs[4]
     kernel = functools.partial(_tree_select_tpu, plan=plan, depth=depth, from_base=from_base)
     col = jax.ShapeDtypeStruct((width, 1), jnp.float32)
     best, token, lane = pl.pallas_call(
