@@ -164,9 +164,13 @@ def time_calls(call, reps: int, warmup: int = 2) -> dict:
 
 def trace_calls(call, directory: str, reps: int) -> None:
     """``reps`` synchronised warm calls of ``call()`` under ``jax.profiler.trace`` into
-    ``directory`` (with a Perfetto JSON trace, :func:`load_perfetto`)."""
+    ``directory`` (with a Perfetto JSON trace, :func:`load_perfetto`; no Python tracer, no
+    HLO protos: small files)."""
+    options = jax.profiler.ProfileOptions()
+    options.python_tracer_level = 0
+    options.enable_hlo_proto = False
     jax.block_until_ready(call())
-    with jax.profiler.trace(directory, create_perfetto_trace=True):
+    with jax.profiler.trace(directory, create_perfetto_trace=True, profiler_options=options):
         for _ in range(reps):
             jax.block_until_ready(call())
 
