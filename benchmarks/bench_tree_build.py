@@ -14,7 +14,7 @@ the fused Pallas kernel (``domino_jax/pallas/tree_step.py``) in the same process
 that it builds the XLA path's tree.
 
 The kernel sweep (docs/design.md §6), for one device call: ``--tunings`` times every kernel
-implementation under each blocking (``pallas.head_step.KernelTuning``; presets in
+implementation under each blocking (``pallas.step_plan.KernelTuning``; presets in
 :data:`PRESETS` or ``label:field=int,...``), ``--head-rollout`` also the chain head's
 rollout (16 greedy steps, batch 1, own jit) through XLA and each kernel variant (same
 drafts checked), every time beside its bandwidth floor at this device's bandwidth;
@@ -44,8 +44,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-# Named blockings for --tunings (pallas.head_step.KernelTuning fields; docs/design.md §6
-# says what each trades; kernel_prep notes of issue 45 the predictions).
+# Named blockings for --tunings (pallas.step_plan.KernelTuning fields; docs/design.md §6
+# says what each trades), in the order a time-limited sweep should run them.
 PRESETS = {
     "default": "",
     "rowgru": "row_gru=1",                       # kernel B: the GRU on the live row (batch 1)
@@ -72,7 +72,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tunings", default="default",
                    help="comma list of kernel blockings for every implementation but xla: "
                         f"a preset ({', '.join(PRESETS)}) or LABEL:field=int[+field=int...]"
-                        " (pallas.head_step.KernelTuning fields)")
+                        " (pallas.step_plan.KernelTuning fields)")
     p.add_argument("--head-rollout", action="store_true",
                    help="also time the chain head's rollout (own jit) per implementation")
     p.add_argument("--only-kernels", action="store_true",
