@@ -191,9 +191,9 @@ def dflash_config_of(domino: DraftConfig) -> DraftConfig:
 
 # --------------------------------------------------------------------------- helpers
 
-from bench_util import (HBM_BYTES_PER_S, compile_timed, device_peak_bytes,  # noqa: E402,F401
-                        floor_ms, git_commit, random_params, random_prompt, time_calls,
-                        tree_bytes, versions, with_floor)
+from bench_util import (compile_timed, device_peak_bytes, floor_ms,  # noqa: E402,F401
+                        git_commit, hbm_bytes_per_s, head_rollout_bytes, random_params,
+                        random_prompt, time_calls, tree_bytes, versions, with_floor)
 import bench_util  # noqa: E402
 import decode_report  # noqa: E402
 
@@ -216,7 +216,7 @@ class Bench:
             "argv": sys.argv[1:],
             "xla_flags": os.environ.get("XLA_FLAGS", ""),
             "mem_fraction": os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION"),
-            "hbm_bytes_per_s": HBM_BYTES_PER_S,
+            "hbm_bytes_per_s": hbm_bytes_per_s(),      # the floors' (bench_util)
             "shape": "tiny" if args.tiny else "qwen3-8b",
             "batch": 1,
             "new_tokens": args.new_tokens,
@@ -330,10 +330,11 @@ class Bench:
             "head_total": tree_bytes(head),
             "head_w2": head_w2,
             "head_corrected_steps": n_corr,
-            # each corrected step re-reads W2 (78 MB > L2); the rest of the head once
-            "head_floor": n_corr * head_w2 + tree_bytes(head) - head_w2,
-            # candidate pool: W_ih / W1 once, W_hh per step, M rows of W2 per position
-            "head_gru_hh": tree_bytes(domino_head.plain_params(head)["prefix_gru"]["weight_hh"]),
+            # each corrected step re-reads W2 (78 MB > L2), each advance the state's weights
+            # (bench_util.head_rollout_bytes: the input table is gathered, never read whole)
+            "head_floor": head_rollout_bytes(head, self.domino_cfg.k_draft,
+                                             self.domino_cfg.pure_draft_prefix_len, 1,
+                                             t.vocab_size),
         }
         self.results["bytes"] = self.bytes
         self.results["params"] = {"target": target_total // 2, "draft_backbone":
@@ -355,8 +356,8 @@ class Bench:
         if method == "dflash":
             head = k * vocab * 4                               # argmax over the base logits
         elif topm:
-            head = (b["head_total"] - b["head_w2"] + b["head_corrected_steps"] * b["head_gru_hh"]
-                    + k * topm * b["head_w2"] // vocab)
+            head = head_rollout_bytes(self.dp[method]["head"], k,
+                                      self.domino_cfg.pure_draft_prefix_len, 1, vocab, topm=topm)
         else:
             head = b["head_floor"]
         return {"backbone": b["draft_backbone"] + context * b["draft_kv_per_token"],

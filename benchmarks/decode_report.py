@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench_util import HBM_BYTES_PER_S
+from bench_util import FALLBACK_BYTES_PER_S
 
 
 def markdown(r: dict) -> str:
@@ -13,7 +13,8 @@ def markdown(r: dict) -> str:
              "- versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()),
              f"- parameter layout: {r.get('layout', 'unfused')}; XLA_FLAGS: "
              f"`{r['xla_flags'] or '(none)'}`; floors at "
-             f"{HBM_BYTES_PER_S / 1e12:.1f} TB/s; % = floor / measured",
+             f"{r.get('hbm_bytes_per_s', FALLBACK_BYTES_PER_S) / 1e12:.2f} TB/s; "
+             "% = floor / measured",
              f"- random weight init: {r.get('init_seconds', float('nan')):.1f} s", ""]
     for plen_s, pr in r["prompts"].items():
         lines += [f"## prompt {plen_s}", "",

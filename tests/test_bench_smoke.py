@@ -75,14 +75,39 @@ def test_bench_decode_tiny(tmp_path):
 
 
 def test_bench_tree_build_tiny(tmp_path):
+    """The tree build and the kernel sweep (XLA against the kernels' twins under two
+    blockings, the head rollout too, each traced), tiny shapes on the CPU; then the trace
+    folder summarised offline."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "bench_tree_build.py"),
-                           "--tiny", "--budgets", "8", "--reps", "3", "--out", str(tmp_path)],
+    script = os.path.join(REPO, "benchmarks", "bench_tree_build.py")
+    trace = tmp_path / "trace"
+    proc = subprocess.run([sys.executable, script, "--tiny", "--budgets", "8", "--reps", "3",
+                           "--head-kernels", "xla,reference",
+                           "--tunings", "default,narrow:block_v=128+gru_chunk=16",
+                           "--head-rollout", "--trace", str(trace), "--trace-reps", "1",
+                           "--out", str(tmp_path)],
                           env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     files = glob.glob(str(tmp_path / "tree_build_*.json"))
     assert len(files) == 1 and os.path.exists(files[0][:-5] + ".md"), os.listdir(tmp_path)
     with open(files[0]) as f:
-        row = json.load(f)["rows"][0]
-    for key in ("dominotree_decode_head_ms", "dominotree_plain_head_ms", "ddtree_ms"):
+        result = json.load(f)
+    row = result["rows"][0]
+    for key in ("dominotree_decode_head_ms", "dominotree_plain_head_ms", "ddtree_ms",
+                "dominotree_decode_head_reference_ms",
+                "dominotree_decode_head_reference[narrow]_ms"):
         assert row[key] > 0, key
+    assert result["meta"]["hbm_bytes_per_s"] == 4.3e12          # the fallback (a CPU)
+    for section in (result["rollout"], row["variants"]):
+        assert [(e["impl"], e["tuning"]) for e in section] == [
+            ("xla", "-"), ("reference", "default"), ("reference", "narrow")]
+        for e in section:
+            assert e["ms"] > 0 and e["floor_ms"] > 0 and e["compile_s"] > 0
+            assert e["trace"]["kernels_per_call"] > 0 and os.path.isdir(e["trace_dir"])
+    assert all(e["same_drafts"] == 1.0 for e in result["rollout"])
+    assert all(e["same_tree"] for e in row["variants"])
+    proc = subprocess.run([sys.executable, script, "--summarise-trace", str(trace),
+                           "--trace-reps", "1"], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("### ") == 6 and "rollout_reference_narrow" in proc.stdout

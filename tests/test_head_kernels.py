@@ -116,6 +116,27 @@ def test_state_step_matches_twin_and_gru(variant, pool):
                                rtol=RTOL, atol=RTOL)
 
 
+@pytest.mark.parametrize("split", [None, 1])
+def test_row_gru_state_step_matches_twin(split):
+    """Kernel B at batch 1 with ``row_gru`` (the GRU on the live row, broadcast into the
+    dot's rows), also with ``split_advance`` (the products in XLA): the twin's token, state
+    and products, pad rows included (a zero state)."""
+    _, x = _head_inputs("triton", seed=5)
+    plan = hs.plan_step("triton", 1, V, E, G, block_v=128,
+                        tuning=hs.KernelTuning(row_gru=1, gru_chunk=32, split_advance=split))
+    assert plan.row_gru and plan.split_advance == bool(split)
+    state, products = x["state"].at[1:].set(0), x["products"].at[1:].set(0)
+    parts, _ = hs.logits_argmax_reference(products, x["w2"], x["base"][:1], plan=plan,
+                                          step=1, act_dtype=jnp.float32)
+    args = (parts, x["table"], state, products, x["z"], x["proj"])
+    ours = hs.state_step(*args, plan=plan, z_row=2, interpret=True)
+    twin = hs.state_step_reference(*args, plan=plan, z_row=2)
+    np.testing.assert_array_equal(ours[0], twin[0])
+    for a, b in zip(ours[1:], twin[1:]):
+        np.testing.assert_allclose(a, b, rtol=RTOL, atol=RTOL)
+    np.testing.assert_array_equal(ours[1][1:], jnp.zeros_like(ours[1][1:]))
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_bfloat16_step_close_to_twin(variant):
     plan, x = _head_inputs(variant, seed=3, dtype=jnp.bfloat16)
@@ -248,6 +269,10 @@ def _small_head(seed=0):
                                   root_embed=embed[jnp.asarray([3, 7])])
 
 
+# a blocking unlike the default at every knob (the interpreter ignores warps and stages;
+# row_gru acts at batch 1 only)
+TUNED = hs.KernelTuning(block_v=64, emb_chunk=16, num_warps=8, num_stages=3, block_n=16,
+                        gru_chunk=32, num_warps_b=2, num_stages_b=1, row_gru=1)
 KERNEL_PATHS = {"twin": hk.HeadKernels("triton", twin=True),
                 "triton": hk.HeadKernels("triton", interpret=True),
                 "mosaic_tpu": hk.HeadKernels("mosaic_tpu", interpret=INTERPRET["mosaic_tpu"])}
@@ -341,6 +366,54 @@ def test_fixture_greedy_decodes_through_the_kernels():
                           DecodeConfig(method=method, max_new_tokens=10), drafter=drafter,
                           draft_params=dparams)
         assert result.tokens == ref, (method, options)
+
+
+def test_tuned_triton_kernels_equal_plain():
+    """A non-default blocking (:data:`TUNED`: more, smaller blocks and chunks) drafts what
+    ``domino_head.rollout`` drafts (at batch 2, and at batch 1 where ``row_gru`` acts), and
+    with ``split_advance`` (the advance's products in XLA) builds the plain builder's tree,
+    Triton kernels in the interpreter."""
+    from domino_jax.decode import tree as tree_lib
+
+    kernels = hk.HeadKernels("triton", interpret=True, tuning=TUNED)
+    cfg, head, _, x = _small_head()
+    tokens, _ = _plain_rollout(None, 0)
+    for batch in (2, 1):                         # rows are independent: row 0 alone too
+        ours, none = hk.fused_rollout(head, cfg, x["hidden"][:batch], x["base"][:batch],
+                                      x["root_embed"][:batch], kernels, None,
+                                      jax.random.PRNGKey(5), need_logits=False)
+        assert none is None
+        np.testing.assert_array_equal(ours, tokens[:batch])
+    args, plain = _plain_tree()
+    split = kernels._replace(tuning=TUNED._replace(split_advance=1))
+    fused = tree_lib.build_dominotree(*args, node_topk=3, topm=10, kernels=split)
+    for name in ("tokens", "depths", "parents", "valid"):
+        np.testing.assert_array_equal(getattr(fused, name), getattr(plain, name), err_msg=name)
+
+
+def test_kernel_tuning_parsed_and_checked():
+    """``parse_tuning`` reads ``field=int`` lists; bad fields and values are named, and a
+    tuning the shapes cannot take makes an explicit request fail fast with the reason."""
+    assert hk.parse_tuning("default") == hk.parse_tuning("") == hs.KernelTuning()
+    assert hk.parse_tuning("block_v=1024, num_warps=8") == hs.KernelTuning(block_v=1024,
+                                                                          num_warps=8)
+    for spec, match in (("blockv=4", "'blockv=4'"), ("num_warps=3", "num_warps=3"),
+                        ("split_advance=2", "split_advance=2: must be 1"),
+                        ("gru_chunk=x", "gru_chunk='x'"), ("block_n=0", "block_n=0"),
+                        ("num_stages=2,num_stages=3", "num_stages given twice")):
+        with pytest.raises(ValueError, match=match):
+            hk.parse_tuning(spec)
+    plan = hs.plan_step("triton", B, V, E, G, tuning=TUNED)
+    assert (plan.block_v, plan.emb_chunk, plan.block_n, plan.gru_chunk) == (64, 16, 16, 32)
+    assert (plan.num_warps, plan.num_stages, plan.num_warps_b, plan.num_stages_b) == (8, 3, 2, 1)
+    _, head, _, _ = _small_head()
+    with pytest.raises(ValueError, match="gru_chunk=48: must be a power of two >= 16 "
+                                         "dividing G = 128"):
+        hk.rollout_kernels("reference", head, B, V, tuning=hs.KernelTuning(gru_chunk=48))
+    with pytest.raises(ValueError, match="block_n 256 does not divide"):
+        hk.tree_kernels("pallas_interpret", head, 6, V, 3, 10,
+                        tuning=hs.KernelTuning(block_n=256))
+    assert hk.rollout_kernels("xla", head, B, V, tuning=TUNED) is None
 
 
 def test_head_kernel_switch():

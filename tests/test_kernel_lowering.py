@@ -76,6 +76,43 @@ def test_tree_step_kernel_lowers(shape, target):
         _lowers(fn, args, target, per_depth if advance else 1)
 
 
+# non-default blockings (docs/design.md §6): the knobs benchmarks/bench_tree_build.py
+# --tunings sweeps, at their extremes
+TUNINGS = {"wide": head_step.KernelTuning(block_v=2048, emb_chunk=128, num_warps=8,
+                                          num_stages=3, block_n=64, gru_chunk=32,
+                                          num_warps_b=8, num_stages_b=3),
+           "narrow": head_step.KernelTuning(block_v=256, emb_chunk=32, num_stages=4,
+                                            block_n=16, gru_chunk=16, num_warps_b=2),
+           "split": head_step.KernelTuning(row_gru=1, split_advance=1, gru_chunk=32)}
+
+
+@pytest.mark.parametrize("tuning", sorted(TUNINGS))
+@pytest.mark.parametrize("target", GPU, ids=[t.name for t in GPU])
+def test_tuned_kernels_lower_for_cuda(target, tuning):
+    """Kernel A, kernel B and the depth step under each tuning, Qwen3-8B shape, batch 1
+    (``split``: the advance's GRU in the kernel, its products in XLA: still one kernel)."""
+    vocab, emb, gru, *_, k_draft = SHAPES["qwen3_8b"]
+    plan = head_step.plan_step("triton", 1, vocab, emb, gru, tuning=TUNINGS[tuning])
+    rows, width = plan.rows, 3 * gru + emb
+    prod, state, table = S((rows, width), F32), S((rows, gru), BF16), S((vocab, 3 * gru), F32)
+    greedy = lambda p, w, b: head_step.logits_argmax(  # noqa: E731
+        p, w, b, plan=plan, step=3, act_dtype=BF16)[0]
+    _lowers(greedy, [prod, S((emb, vocab), BF16), S((1, k_draft, vocab), F32)], target, 1)
+    parts = head_step.Partials(S((plan.part_rows, rows), F32), S((plan.part_rows, rows), I32),
+                               plan.num_blocks)
+    step = lambda *a: head_step.state_step(*a, plan=plan, z_row=4)      # noqa: E731
+    _lowers(step, [parts, table, state, prod, S((k_draft, rows, width), F32),
+                   S((gru, width), BF16)], target, 1)
+    tplan = tree_step.plan_tree_step("triton", 16, vocab, emb, gru, 8, 64, TUNINGS[tuning])
+    inputs = tree_step.DepthInputs(S((k_draft, 64), I32), S((k_draft, 64), F32),
+                                   S((k_draft, 64, emb), F32), S((k_draft, 8), I32),
+                                   S((k_draft, 8), F32), S((k_draft, 1, width), F32))
+    depth = lambda *a: tree_step.tree_step(  # noqa: E731
+        *a, plan=tplan, depth=5, from_base=False, advance=True)
+    _lowers(depth, [S((rows,), F32), state, prod, inputs, table, S((gru, width), BF16)],
+            target, 1)
+
+
 @pytest.mark.parametrize("t_len", [1, 17])
 @pytest.mark.parametrize("shape,target", ALL, ids=IDS)
 def test_cache_attention_lowers(shape, target, t_len):

@@ -5,7 +5,7 @@ switch; asking for an unavailable kernel fails fast.
   KV cache (Pallas Triton backend), picked by ``models.layers.attend(implementation=...)``;
   :mod:`~domino_jax.pallas.cache_attention_tpu`, its Mosaic TPU variant.
 * :mod:`domino_jax.pallas.head_step`: the Domino head's rollout step as two fused kernels
-  (Triton and Mosaic TPU); :mod:`~domino_jax.pallas.tree_step`: DominoTree's frontier depth
+  (Triton and Mosaic TPU), blocked per :mod:`~domino_jax.pallas.step_plan`; :mod:`~domino_jax.pallas.tree_step`: DominoTree's frontier depth
   step; :mod:`~domino_jax.pallas.head_kernels`: the rollout and the depth step through them,
   and the switch (``load_pair(head_kernels=)``, the CLI's ``--head-kernels``).
 * :mod:`domino_jax.pallas.lowering`: lowering any of them for a GPU or a TPU on the CPU.

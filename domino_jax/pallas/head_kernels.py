@@ -22,6 +22,11 @@
 :func:`fused_rollout` is ``domino_head.rollout`` (same drafts up to float32 accumulation
 order) as a loop of kernel steps; :func:`fused_tree_steps` gives ``decode.tree``'s
 frontier its depth step through the DominoTree kernel.
+
+Blocking: every path takes a :class:`~domino_jax.pallas.head_step.KernelTuning`
+(``HeadKernels.tuning``; ``rollout_kernels`` / ``tree_kernels(..., tuning=)``;
+:func:`parse_tuning` reads one from ``"block_v=1024,num_warps=8"``), the default blocking
+when empty; the benchmarks sweep it (``benchmarks/bench_tree_build.py --tunings``).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from domino_jax.models import domino_head
 from domino_jax.pallas import HEAD_IMPLEMENTATIONS, check_implementation
 from domino_jax.pallas import head_step as hs
 from domino_jax.pallas import tree_step as ts
+from domino_jax.pallas.head_step import KernelTuning, check_tuning
 from domino_jax.topk import top_k
 
 # kernel -> device kinds (jax.devices()[0].device_kind) on which a measurement found the
@@ -47,11 +53,38 @@ MEASURED_FASTER: dict[str, tuple[str, ...]] = {"head": (), "tree": ()}
 class HeadKernels(NamedTuple):
     """How the head's steps run (static): the Pallas kernels of ``variant`` (``"triton"`` /
     ``"mosaic_tpu"``), in the interpreter when ``interpret`` is set (``True`` or a
-    ``pltpu.InterpretParams``), or their plain-JAX twins (``twin``)."""
+    ``pltpu.InterpretParams``), or their plain-JAX twins (``twin``), blocked per ``tuning``
+    (empty: the default blocking)."""
 
     variant: str
     twin: bool = False
     interpret: Any = False
+    tuning: KernelTuning = KernelTuning()
+
+
+def parse_tuning(spec: str) -> KernelTuning:
+    """A :class:`~domino_jax.pallas.head_step.KernelTuning` from ``"field=int,..."``
+    (``""`` or ``"default"``: the default blocking), e.g. ``"block_v=1024,num_warps=8"``.
+    ``ValueError`` naming an unknown field or a bad value."""
+    spec = spec.strip()
+    if spec in ("", "default"):
+        return KernelTuning()
+    values = {}
+    for item in spec.split(","):
+        name, sep, value = item.strip().partition("=")
+        name = name.strip()
+        if not sep or name not in KernelTuning._fields:
+            raise ValueError(f"kernel tuning {item.strip()!r}: expected field=int with a field "
+                             f"of {KernelTuning._fields}")
+        if name in values:
+            raise ValueError(f"kernel tuning {spec!r}: {name} given twice")
+        try:
+            values[name] = int(value)
+        except ValueError:
+            raise ValueError(f"kernel tuning {name}={value.strip()!r}: not an int") from None
+    tuning = KernelTuning(**values)
+    check_tuning(tuning)
+    return tuning
 
 
 def backend_variant() -> str | None:
@@ -72,14 +105,18 @@ def interpret_mode(variant: str):
 
 
 def resolve_head_kernels(implementation: str, kernel: str,
-                         unsupported: Callable[[str], str | None]) -> HeadKernels | None:
+                         unsupported: Callable[[str], str | None],
+                         tuning: KernelTuning | None = None) -> HeadKernels | None:
     """:class:`HeadKernels` for ``implementation`` (module doc), or ``None`` for XLA.
 
     ``kernel``: ``"head"`` (the chain rollout) or ``"tree"`` (DominoTree's depth step);
-    ``unsupported(variant)``: why that variant's kernels cannot take this call, or ``None``.
-    Raises ``ValueError`` for an unknown name or an explicit request it cannot serve.
+    ``unsupported(variant)``: why that variant's kernels cannot take this call, or ``None``
+    (it also checks ``tuning`` against the shapes); ``tuning``: the blocking (``None``: the
+    default). Raises ``ValueError`` for an unknown name or an explicit request it cannot serve.
     """
     check_implementation("head kernel", implementation, HEAD_IMPLEMENTATIONS)
+    tuning = KernelTuning() if tuning is None else tuning
+    check_tuning(tuning)
     if implementation == "xla":
         return None
     variant = backend_variant()
@@ -91,7 +128,7 @@ def resolve_head_kernels(implementation: str, kernel: str,
         if reason is not None:
             warnings.warn(f"{what} kernels: {reason}; using the XLA path", stacklevel=3)
             return None
-        return HeadKernels(variant)
+        return HeadKernels(variant, tuning=tuning)
     if implementation == "pallas" and variant is None:
         raise ValueError(f"{what} implementation 'pallas': the Pallas kernels need a CUDA GPU "
                          f"(Triton) or a TPU (Mosaic); backend: {jax.default_backend()}")
@@ -101,10 +138,10 @@ def resolve_head_kernels(implementation: str, kernel: str,
     if reason is not None:
         raise ValueError(f"{what} implementation {implementation!r}: {reason}")
     if implementation == "reference":
-        return HeadKernels(variant, twin=True)
+        return HeadKernels(variant, twin=True, tuning=tuning)
     if implementation == "pallas_interpret":
-        return HeadKernels(variant, interpret=interpret_mode(variant))
-    return HeadKernels(variant)
+        return HeadKernels(variant, interpret=interpret_mode(variant), tuning=tuning)
+    return HeadKernels(variant, tuning=tuning)
 
 
 def check_request(implementation: str, input_table: bool) -> None:
@@ -136,25 +173,40 @@ def _dims(head) -> tuple[int, int]:
     return params["embed_proj_0"]["kernel"].shape[1], params["prefix_gru"]["weight_hh"].shape[0]
 
 
-def rollout_kernels(implementation: str, head, batch: int, vocab: int) -> HeadKernels | None:
+def _plan_problem(make_plan: Callable[[], Any]) -> str | None:
+    """Why ``make_plan()`` (a ``plan_step`` / ``plan_tree_step`` call) raises, or ``None``."""
+    try:
+        make_plan()
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def rollout_kernels(implementation: str, head, batch: int, vocab: int,
+                    tuning: KernelTuning | None = None) -> HeadKernels | None:
     """:func:`resolve_head_kernels` for the chain rollout of ``batch`` rows."""
     emb_dim, gru_dim = _dims(head)
     return resolve_head_kernels(implementation, "head", lambda variant: _no_table(head) or (
-        hs.supported(variant, batch, vocab, emb_dim, gru_dim)))
+        hs.supported(variant, batch, vocab, emb_dim, gru_dim)) or _plan_problem(
+            lambda: hs.plan_step(variant, batch, vocab, emb_dim, gru_dim, tuning=tuning)),
+        tuning)
 
 
 def tree_kernels(implementation: str, head, budget: int, vocab: int, node_topk: int,
-                 topm: int, marginal: bool = False) -> HeadKernels | None:
+                 topm: int, marginal: bool = False,
+                 tuning: KernelTuning | None = None) -> HeadKernels | None:
     """:func:`resolve_head_kernels` for DominoTree's depth step."""
     emb_dim, gru_dim = _dims(head)
 
     def unsupported(variant):
         if marginal:
             return "the marginal control has no GRU (nothing to fuse)"
-        return _no_table(head) or ts.tree_supported(variant, budget, vocab, emb_dim, gru_dim,
-                                                    node_topk, topm)
+        return _no_table(head) or ts.tree_supported(
+            variant, budget, vocab, emb_dim, gru_dim, node_topk, topm) or _plan_problem(
+                lambda: ts.plan_tree_step(variant, budget, vocab, emb_dim, gru_dim,
+                                          min(node_topk, vocab), min(topm, vocab), tuning))
 
-    return resolve_head_kernels(implementation, "tree", unsupported)
+    return resolve_head_kernels(implementation, "tree", unsupported, tuning)
 
 
 def _rows(x: jax.Array, rows: int) -> jax.Array:
@@ -165,9 +217,7 @@ def lane_products(state: jax.Array, state_proj: jax.Array, z: jax.Array, row: in
                   gru_dim: int) -> jax.Array:
     """The carried products ``[R, 3G + E]`` of ``state [R, G]`` (``h``, then ``u`` with
     ``z[row]``), in XLA: the loop's first step, which no kernel made."""
-    acc = hs.dot(state, state_proj.astype(state.dtype))
-    col = jnp.arange(acc.shape[1])[None]
-    return jnp.where(col >= 3 * gru_dim, jax.nn.silu(z[row] + acc), acc)
+    return hs.products_of(state, state_proj, z[row], gru_dim)
 
 
 def fused_rollout(head: domino_head.DecodeHead, config: DraftConfig, draft_hidden: jax.Array,
@@ -189,7 +239,7 @@ def fused_rollout(head: domino_head.DecodeHead, config: DraftConfig, draft_hidde
     params = domino_head.plain_params(head)
     emb_dim, gru_dim = _dims(head)
     w2, table, state_proj = params["embed_proj_2"]["kernel"], head.input_table, head.state_proj
-    plan = hs.plan_step(kernels.variant, batch, vocab, emb_dim, gru_dim)
+    plan = hs.plan_step(kernels.variant, batch, vocab, emb_dim, gru_dim, tuning=kernels.tuning)
     rows = plan.rows
     step_a = hs.logits_argmax_reference if kernels.twin else hs.logits_argmax
     step_b = hs.state_step_reference if kernels.twin else hs.state_step
@@ -269,7 +319,7 @@ def fused_tree_steps(kernels: HeadKernels, head: domino_head.DecodeHead,
     vocab = base_logits.shape[-1]
     emb_dim, gru_dim = _dims(head)
     plan = ts.plan_tree_step(kernels.variant, budget, vocab, emb_dim, gru_dim,
-                             min(node_topk, vocab), min(topm, vocab))
+                             min(node_topk, vocab), min(topm, vocab), kernels.tuning)
     tables = domino_head.tree_tables(head, draft_hidden, base_logits, node_topk, topm)
     inputs = ts.prepare(plan, tables.cand, tables.cand_logits, tables.cand_w2,
                         tables.base_tok, tables.base_lp, tables.z_proj)

@@ -43,6 +43,11 @@ logits float32, the
 new state rounded to the activation dtype: the rounding points of ``rollout``. Differences
 from it are float32 summation order only (accumulation over ``E`` / ``G`` in chunks).
 
+Blocking (:mod:`domino_jax.pallas.step_plan`, re-exported here): :func:`plan_step` picks the
+blocks, chunks and launch parameters; a :class:`KernelTuning` overrides any of them (static, per call: ``HeadKernels.tuning``), for
+the sweeps of ``docs/design.md`` §6. Its ``row_gru`` (Triton, batch 1) computes kernel B's
+GRU on the one live row instead of the ``R`` padded rows and broadcasts it into the dot.
+
 Plain-JAX twins: :func:`logits_argmax_reference` and :func:`state_step_reference` (the same
 blocks and partials, any backend).
 """
@@ -50,7 +55,6 @@ blocks and partials, any backend).
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import flax.struct
 import jax
@@ -58,7 +62,10 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-VARIANTS = ("triton", "mosaic_tpu")
+from domino_jax.pallas.step_plan import (VARIANTS, KernelTuning, StepPlan,  # noqa: F401
+                                         _pow2_at_least, check_tuning, padded_rows,
+                                         plan_step, supported)
+
 BIG_INDEX = 2 ** 30            # "no index" in the argmax reductions (above any vocabulary)
 
 
@@ -70,101 +77,6 @@ class Partials:
     value: jax.Array
     index: jax.Array
     num: int = flax.struct.field(pytree_node=False)
-
-
-def _pow2_at_least(n: int, least: int = 1) -> int:
-    return max(least, 1 << max(0, n - 1).bit_length())
-
-
-def _largest_pow2_divisor(n: int, largest: int) -> int:
-    block = largest
-    while block > 1 and n % block:
-        block //= 2
-    return block
-
-
-def padded_rows(variant: str, batch: int) -> int:
-    """Rows ``R`` of the carried state for ``batch`` rows (module doc)."""
-    return _pow2_at_least(batch, 16) if variant == "triton" else batch
-
-
-class StepPlan(NamedTuple):
-    """Static blocking of one head step."""
-
-    variant: str
-    batch: int
-    rows: int           # R
-    vocab: int          # V (columns of W2 and of the base logits)
-    emb_dim: int        # E
-    gru_dim: int        # G
-    block_v: int        # vocabulary columns per kernel-A program / block
-    num_blocks: int     # ceil(V / block_v)
-    part_rows: int      # rows of the partials arrays (>= num_blocks; Triton: a power of two)
-    emb_chunk: int      # E-chunk of kernel A's accumulation loop (Triton)
-    block_n: int        # state_proj columns per kernel-B program / block
-    num_col_blocks: int  # ceil((3G + E) / block_n)
-    gru_chunk: int      # G-chunk of kernel B's loop (Triton)
-    num_warps: int
-
-
-def supported(variant: str, batch: int, vocab: int, emb_dim: int, gru_dim: int) -> str | None:
-    """``None`` if :func:`plan_step` takes these shapes, else the reason it does not."""
-    if variant not in VARIANTS:
-        return f"unknown kernel variant {variant!r} (one of {VARIANTS})"
-    width = emb_dim + 3 * gru_dim
-    if vocab * 3 * gru_dim >= 2 ** 31:
-        return f"gate table of {vocab} x {3 * gru_dim} exceeds int32 offsets"
-    if variant == "triton":
-        if emb_dim % 16 or gru_dim % 16:
-            return f"E = {emb_dim} and G = {gru_dim} must be multiples of 16 (Triton dot)"
-        if width % 16:
-            return f"E + 3G = {width} is not a multiple of 16"
-        if batch > 64:
-            return f"batch {batch} > 64 rows"
-    else:
-        if gru_dim % 128:
-            return f"G = {gru_dim} is not a multiple of 128 (TPU lanes)"
-        if vocab < 128:
-            return f"vocabulary {vocab} < 128"
-    return None
-
-
-def plan_step(variant: str, batch: int, vocab: int, emb_dim: int, gru_dim: int,
-              block_v: int | None = None, block_n: int | None = None,
-              num_warps: int = 4) -> StepPlan:
-    """The :class:`StepPlan` for these shapes; ``ValueError`` naming the reason when
-    :func:`supported` rejects them or a given block does not fit."""
-    reason = supported(variant, batch, vocab, emb_dim, gru_dim)
-    if reason is not None:
-        raise ValueError(f"Domino head step kernel ({variant}): {reason}")
-    width = emb_dim + 3 * gru_dim
-    rows = padded_rows(variant, batch)
-    if variant == "triton":
-        block_v = block_v or 512
-        block_n = block_n or _largest_pow2_divisor(width, 32)
-        if block_v & (block_v - 1) or block_n & (block_n - 1) or block_n < 16:
-            raise ValueError(f"Triton blocks must be powers of two (block_n >= 16): "
-                             f"block_v {block_v}, block_n {block_n}")
-        if width % block_n:
-            raise ValueError(f"block_n {block_n} does not divide E + 3G = {width}")
-        num_blocks = -(-vocab // block_v)
-        part_rows = _pow2_at_least(num_blocks)
-        emb_chunk = _largest_pow2_divisor(emb_dim, 64)
-        gru_chunk = _largest_pow2_divisor(gru_dim, 128)
-    else:
-        block_v = block_v or 2048
-        if block_n is None:              # two blocks of whole 128-lane groups
-            lane_groups = -(-width // 128)
-            block_n = 128 * -(-lane_groups // 2)
-        if block_v % 128 or block_n % 128:
-            raise ValueError(f"TPU blocks must be multiples of 128 lanes: block_v {block_v}, "
-                             f"block_n {block_n}")
-        block_v = min(block_v, -(-vocab // 128) * 128)
-        num_blocks = -(-vocab // block_v)
-        part_rows = 1
-        emb_chunk, gru_chunk = emb_dim, gru_dim
-    return StepPlan(variant, batch, rows, vocab, emb_dim, gru_dim, block_v, num_blocks,
-                    part_rows, emb_chunk, block_n, -(-width // block_n), gru_chunk, num_warps)
 
 
 def pad_z(z_proj: jax.Array, gru_dim: int, rows: int) -> jax.Array:
@@ -346,7 +258,8 @@ def logits_argmax(products: jax.Array, w2: jax.Array, base: jax.Array, *, plan: 
         inputs = [products, w2, base.reshape(-1)] + ([noise.reshape(-1)] if has_noise else [])
         outs = pl.pallas_call(
             kernel, grid=(plan.num_blocks,), out_shape=out_shape, interpret=interpret,
-            compiler_params=plgpu.CompilerParams(num_warps=plan.num_warps, num_stages=2),
+            compiler_params=plgpu.CompilerParams(num_warps=plan.num_warps,
+                                                 num_stages=plan.num_stages),
             name="domino_head_logits_argmax")(*inputs)
         partials = Partials(outs[0], outs[1], plan.num_blocks)
         logits = outs[2].reshape(plan.rows, vocab)[:batch] if write_logits else None
@@ -415,19 +328,38 @@ def advance_triton(pid, gate_row, parent_row, table_ref, state_ref, prod_ref, z_
     rows, gru_dim, chunk, block_n = plan.rows, plan.gru_dim, plan.gru_chunk, plan.block_n
     width = 3 * gru_dim + plan.emb_dim
     live = (lax.broadcasted_iota(jnp.int32, (rows, 1), 0) < plan.batch)     # pad rows: 0
-    gate_at = (gate_row * (3 * gru_dim))[:, None]                            # [R, 1]
-    state_at = (parent_row * gru_dim)[:, None]
-    hidden_at = (parent_row * width)[:, None]
+    one_row = plan.row_gru and plan.batch == 1
+    if one_row:       # the GRU on the live row alone, broadcast into the dot's R rows
+        first = lax.broadcasted_iota(jnp.int32, (rows,), 0) == 0
+        pick = lambda x: jnp.sum(jnp.where(first, x, 0))                    # noqa: E731
+        gate_row, parent_row = pick(gate_row), pick(parent_row)             # scalars
+        load = lambda ref, at: plgpu.load(ref.at[at])                       # noqa: E731
+    else:
+        gate_row, parent_row = gate_row[:, None], parent_row[:, None]       # [R, 1]
+        load = lambda ref, at: plgpu.load(ref.at[at], mask=live, other=0)   # noqa: E731
+    gate_at = gate_row * (3 * gru_dim)
+    state_at = parent_row * gru_dim
+    hidden_at = parent_row * width
     cols = pl.multiple_of(pid * block_n, block_n)
-    load = lambda ref, at: plgpu.load(ref.at[at], mask=live, other=0)       # noqa: E731
 
-    def body(c, acc):
-        g0 = pl.multiple_of(c * chunk, chunk)
+    def gru_chunk(g0):
         lane = g0 + lax.broadcasted_iota(jnp.int32, (1, chunk), 1)
         gates = [load(table_ref, gate_at + k * gru_dim + lane) for k in range(3)]
         hidden = [load(prod_ref, hidden_at + k * gru_dim + lane) for k in range(3)]
         state = load(state_ref, state_at + lane)
         new = gru_from_gates(gates, hidden, state.astype(jnp.float32)).astype(state.dtype)
+        if one_row:                                           # [1, chunk] -> [R, chunk]
+            new = jnp.where(live, jnp.broadcast_to(new, (rows, chunk)), 0).astype(state.dtype)
+        return new
+
+    if plan.split_advance:               # program pid: chunk pid of the state, no products
+        g0 = pl.multiple_of(pid * chunk, chunk)
+        state_out[:, pl.ds(g0, chunk)] = gru_chunk(g0)
+        return
+
+    def body(c, acc):
+        g0 = pl.multiple_of(c * chunk, chunk)
+        new = gru_chunk(g0)
 
         @pl.when(pid == 0)
         def _write_state():
@@ -443,12 +375,29 @@ def advance_triton(pid, gate_row, parent_row, table_ref, state_ref, prod_ref, z_
                                                   acc)
 
 
+def advance_grid(plan: StepPlan) -> int:
+    """Programs of an advance launch: one per ``state_proj`` column block, or with
+    ``split_advance`` one per ``gru_chunk`` of the state."""
+    return plan.gru_dim // plan.gru_chunk if plan.split_advance else plan.num_col_blocks
+
+
+def products_of(new_state: jax.Array, state_proj: jax.Array, z_row: jax.Array,
+                gru_dim: int) -> jax.Array:
+    """``[R, 3G + E]`` float32 products of ``new_state [R, G]`` with ``state_proj``: ``h``
+    in the first ``3G`` columns, then ``silu(z_row + .)`` (``z_row [R or 1, 3G + E]``), in
+    XLA (the twins' advance, the rollout's first step and ``split_advance``)."""
+    acc = dot(new_state, state_proj.astype(new_state.dtype))
+    col = jnp.arange(acc.shape[1])[None]
+    return jnp.where(col >= 3 * gru_dim, jax.nn.silu(z_row + acc), acc)
+
+
 def _state_step_triton(value_ref, index_ref, table_ref, state_ref, prod_ref, z_ref,
-                       proj_ref, token_ref, state_out, prod_out, *, plan: StepPlan,
+                       proj_ref, token_ref, state_out, *prod_out, plan: StepPlan,
                        num_parts: int, part_rows: int, table_rows: int, row_stride: int,
                        z_row: int):
     """Finish the choice from ``value, index [P, R]``, then :func:`advance_triton` (rows keep
-    their own state); also writes ``token [R]`` int32."""
+    their own state; ``prod_out`` absent with ``split_advance``); also writes ``token [R]``
+    int32."""
     from jax.experimental.pallas import triton as plgpu
 
     pid = pl.program_id(0)
@@ -462,7 +411,7 @@ def _state_step_triton(value_ref, index_ref, table_ref, state_ref, prod_ref, z_r
     token = jnp.where(row < plan.batch, jnp.clip(token, 0, table_rows - 1), 0)
     gate_row = token + jnp.minimum(row, plan.batch - 1) * row_stride
     advance_triton(pid, gate_row, row, table_ref, state_ref, prod_ref, z_ref, proj_ref,
-                   state_out, prod_out, plan=plan, z_row=z_row)
+                   state_out, prod_out[0] if prod_out else None, plan=plan, z_row=z_row)
 
     @pl.when(pid == 0)
     def _write_token():
@@ -573,16 +522,20 @@ def state_step(partials: Partials, table: jax.Array, state: jax.Array, products:
             _state_step_triton, plan=plan, num_parts=partials.num,
             part_rows=partials.value.shape[0], table_rows=table_rows,
             row_stride=row_stride, z_row=z_row)
-        token, new_state, new_products = pl.pallas_call(
-            kernel, grid=(plan.num_col_blocks,),
-            out_shape=[jax.ShapeDtypeStruct((rows,), jnp.int32),
-                       jax.ShapeDtypeStruct(state.shape, state.dtype),
-                       jax.ShapeDtypeStruct(products.shape, jnp.float32)],
-            compiler_params=plgpu.CompilerParams(num_warps=plan.num_warps, num_stages=2),
+        out_shape = [jax.ShapeDtypeStruct((rows,), jnp.int32),
+                     jax.ShapeDtypeStruct(state.shape, state.dtype)]
+        if not plan.split_advance:
+            out_shape.append(jax.ShapeDtypeStruct(products.shape, jnp.float32))
+        token, new_state, *new_products = pl.pallas_call(
+            kernel, grid=(advance_grid(plan),), out_shape=out_shape,
+            compiler_params=plgpu.CompilerParams(num_warps=plan.num_warps_b,
+                                                 num_stages=plan.num_stages_b),
             interpret=interpret, name="domino_head_state_step",
         )(partials.value, partials.index, table.reshape(-1), state.reshape(-1),
           products.reshape(-1), z, state_proj)
-        return token[:plan.batch], new_state, new_products
+        if plan.split_advance:
+            new_products = [products_of(new_state, state_proj, z[z_row], plan.gru_dim)]
+        return token[:plan.batch], new_state, new_products[0]
     token = jnp.clip(finish_choice(partials, plan.batch), 0, table_rows - 1)
     new_state, new_products = advance_tpu(token, None, table, state, products, z, state_proj,
                                           plan=plan, row_stride=row_stride, z_row=z_row,
@@ -605,10 +558,7 @@ def advance_reference(token: jax.Array, parent: jax.Array | None, table: jax.Arr
     split = lambda x: [x[:, k * gru_dim:(k + 1) * gru_dim] for k in range(3)]  # noqa: E731
     new = gru_from_gates(split(gates), split(hidden),
                          state_in.astype(jnp.float32)).astype(state.dtype)
-    acc = dot(new, state_proj.astype(new.dtype))                            # [R, 3G + E]
-    col = jnp.arange(acc.shape[1])[None]
-    new_products = jnp.where(col >= 3 * gru_dim, jax.nn.silu(z[z_row] + acc), acc)
-    return new, new_products
+    return new, products_of(new, state_proj, z[z_row], gru_dim)
 
 
 def state_step_reference(partials: Partials, table: jax.Array, state: jax.Array,

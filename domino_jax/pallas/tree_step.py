@@ -38,9 +38,10 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from domino_jax.pallas.head_step import (BIG_INDEX, StepPlan, _pow2_at_least,
-                                         advance_reference, advance_tpu, advance_triton,
-                                         dot, plan_step, supported)
+from domino_jax.pallas.head_step import (BIG_INDEX, KernelTuning, StepPlan, _pow2_at_least,
+                                         advance_grid, advance_reference, advance_tpu,
+                                         advance_triton, dot, plan_step, products_of,
+                                         supported)
 
 
 class TreePlan(NamedTuple):
@@ -69,11 +70,14 @@ def tree_supported(variant: str, width: int, vocab: int, emb_dim: int, gru_dim: 
 
 
 def plan_tree_step(variant: str, width: int, vocab: int, emb_dim: int, gru_dim: int,
-                   node_topk: int, topm: int) -> TreePlan:
+                   node_topk: int, topm: int, tuning: KernelTuning | None = None) -> TreePlan:
+    """The :class:`TreePlan` (``ValueError`` with the reason where :func:`tree_supported`
+    or the ``tuning`` rejects it); the advance takes ``tuning``'s kernel-B fields
+    (``block_n``, ``gru_chunk``, ``num_warps_b``, ``num_stages_b``)."""
     reason = tree_supported(variant, width, vocab, emb_dim, gru_dim, node_topk, topm)
     if reason is not None:
         raise ValueError(f"DominoTree depth-step kernel ({variant}): {reason}")
-    step = plan_step(variant, width, vocab, emb_dim, gru_dim)
+    step = plan_step(variant, width, vocab, emb_dim, gru_dim, tuning=tuning)
     return TreePlan(step, width, node_topk, _pow2_at_least(node_topk), topm,
                     _pow2_at_least(topm, 16))
 
@@ -160,7 +164,7 @@ def _tree_step_triton(score_ref, cand_ref, logit_ref, w2c_ref, btok_ref, blp_ref
     """Refs: ``lane_score [R]``, the :class:`DepthInputs` arrays, ``table`` flat ``[V *
     3G]``, ``state`` flat ``[R * G]``, ``products`` flat ``[R * (3G + E)]``, ``z``,
     ``state_proj``; outputs ``best, token, lane [R]`` and (``advance``) the new lanes'
-    ``state [R, G]``, ``products [R, 3G + E]``."""
+    ``state [R, G]``, ``products [R, 3G + E]`` (not with ``split_advance``)."""
     step = plan.step
     rows, width = step.rows, 3 * step.gru_dim + step.emb_dim
     pid = pl.program_id(0)
@@ -172,9 +176,10 @@ def _tree_step_triton(score_ref, cand_ref, logit_ref, w2c_ref, btok_ref, blp_ref
         logit_ref[pl.ds(depth, 1), :], w2c_ref[depth], btok_ref[pl.ds(depth, 1), :],
         blp_ref[pl.ds(depth, 1), :], plan=plan, from_base=from_base)
     if advance:
-        state_out, prod_out = state_outs
+        state_out, *prod_out = state_outs
         advance_triton(pid, token[:, 0], lane[:, 0], table_ref, state_ref, prod_ref, z_ref,
-                       proj_ref, state_out, prod_out, plan=step, z_row=depth + 1)
+                       proj_ref, state_out, prod_out[0] if prod_out else None, plan=step,
+                       z_row=depth + 1)
 
     @pl.when(pid == 0)
     def _write_choice():
@@ -228,18 +233,24 @@ def tree_step(lane_score: jax.Array, state: jax.Array, products: jax.Array,
                      jax.ShapeDtypeStruct((rows,), jnp.int32),
                      jax.ShapeDtypeStruct((rows,), jnp.int32)]
         if advance:
-            out_shape += [jax.ShapeDtypeStruct(state.shape, state.dtype),
-                          jax.ShapeDtypeStruct(products.shape, jnp.float32)]
+            out_shape.append(jax.ShapeDtypeStruct(state.shape, state.dtype))
+            if not step.split_advance:
+                out_shape.append(jax.ShapeDtypeStruct(products.shape, jnp.float32))
         outs = pl.pallas_call(
-            kernel, grid=(step.num_col_blocks if advance else 1,), out_shape=out_shape,
-            compiler_params=plgpu.CompilerParams(num_warps=step.num_warps, num_stages=2),
+            kernel, grid=(advance_grid(step) if advance else 1,), out_shape=out_shape,
+            compiler_params=plgpu.CompilerParams(num_warps=step.num_warps_b,
+                                                 num_stages=step.num_stages_b),
             interpret=interpret, name="dominotree_depth_step",
         )(lane_score, inputs.cand, inputs.cand_logits, inputs.cand_w2, inputs.base_tok,
           inputs.base_lp, table.reshape(-1), state.reshape(-1), products.reshape(-1),
           inputs.z, state_proj)
         best, token, lane = (x[:width] for x in outs[:3])
-        new = tuple(outs[3:]) if advance else (None, None)
-        return (best, token, lane) + new
+        if not advance:
+            return best, token, lane, None, None
+        if step.split_advance:            # the products in XLA (head_step.products_of)
+            return best, token, lane, outs[3], products_of(outs[3], state_proj,
+                                                           inputs.z[depth + 1], step.gru_dim)
+        return best, token, lane, outs[3], outs[4]
     kernel = functools.partial(_tree_select_tpu, plan=plan, depth=depth, from_base=from_base)
     col = jax.ShapeDtypeStruct((width, 1), jnp.float32)
     best, token, lane = pl.pallas_call(
