@@ -23,7 +23,7 @@ SCRIPT = os.path.join(REPO, "benchmarks", "bench_decode.py")
 def test_bench_decode_tiny(tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
     proc = subprocess.run(
-        [sys.executable, SCRIPT, "--tiny", "--prompt-lens", "16",
+        [sys.executable, SCRIPT, "--tiny", "--prompt-lens", "16", "--methods", "ar,domino,dflash",
          "--new-tokens", "8", "--forced-taus", "3", "--out", str(tmp_path),
          "--time-budget-s", "900"],
         env=env, capture_output=True, text=True, timeout=900, cwd=REPO)
