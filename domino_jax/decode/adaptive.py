@@ -73,7 +73,7 @@ match).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Sequence
 
 import flax.struct
 import jax

@@ -54,7 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from domino_jax.decode import adaptive as adaptive_lib
-from domino_jax.decode import serving, speculative
+from domino_jax.decode import loop, serving, speculative
 from domino_jax.decode.config import DecodeConfig
 from domino_jax.decode.cost_model import CostModel
 from domino_jax.decode.prefill import context_limit
