@@ -174,7 +174,8 @@ def _dims(head) -> tuple[int, int]:
 
 
 def _plan_problem(make_plan: Callable[[], Any]) -> str | None:
-    """Why ``make_plan()`` (a ``plan_step`` / ``plan_tree_step`` call) raises, or ``None``."""
+    """Why ``make_plan()`` (a ``plan_step`` / ``plan_tree_step`` call, which checks the
+    shapes and the tuning) raises, or ``None``."""
     try:
         make_plan()
     except ValueError as e:
@@ -187,9 +188,8 @@ def rollout_kernels(implementation: str, head, batch: int, vocab: int,
     """:func:`resolve_head_kernels` for the chain rollout of ``batch`` rows."""
     emb_dim, gru_dim = _dims(head)
     return resolve_head_kernels(implementation, "head", lambda variant: _no_table(head) or (
-        hs.supported(variant, batch, vocab, emb_dim, gru_dim)) or _plan_problem(
-            lambda: hs.plan_step(variant, batch, vocab, emb_dim, gru_dim, tuning=tuning)),
-        tuning)
+        _plan_problem(lambda: hs.plan_step(variant, batch, vocab, emb_dim, gru_dim,
+                                           tuning=tuning))), tuning)
 
 
 def tree_kernels(implementation: str, head, budget: int, vocab: int, node_topk: int,
@@ -201,10 +201,9 @@ def tree_kernels(implementation: str, head, budget: int, vocab: int, node_topk: 
     def unsupported(variant):
         if marginal:
             return "the marginal control has no GRU (nothing to fuse)"
-        return _no_table(head) or ts.tree_supported(
-            variant, budget, vocab, emb_dim, gru_dim, node_topk, topm) or _plan_problem(
-                lambda: ts.plan_tree_step(variant, budget, vocab, emb_dim, gru_dim,
-                                          min(node_topk, vocab), min(topm, vocab), tuning))
+        return _no_table(head) or _plan_problem(      # the plan checks the shapes too
+            lambda: ts.plan_tree_step(variant, budget, vocab, emb_dim, gru_dim,
+                                      min(node_topk, vocab), min(topm, vocab), tuning))
 
     return resolve_head_kernels(implementation, "tree", unsupported, tuning)
 

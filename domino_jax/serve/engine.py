@@ -113,7 +113,6 @@ class _Group:
         self.config, self.prep, self.axes = config, prep, axes
         self.prefills = prefills          # {(batch, width): compiled prefill}
         self.costs = costs                # adaptive: ms per round per arm, else None
-        self.adaptive = config.adaptive is not None
         self.insert = prep.rounds_fn.keeping_layouts(serving.insert_rows, static_argnums=(3,))
         self.retire = prep.rounds_fn.keeping_layouts(_retire)
 
@@ -467,7 +466,7 @@ class Engine:
         ran = int((np.asarray(self._state.rounds) - rounds_before).max(initial=0))
         if self.metrics is not None:
             self.metrics.on_loop(time.perf_counter() - t0, ran)
-            if group.adaptive:
+            if group.config.adaptive is not None:
                 arms = np.asarray(self._policy.arm_rounds)
                 seen = self._arm_seen if self._arm_seen is not None else np.zeros_like(arms)
                 self.metrics.on_arms(adaptive_lib.arm_histogram(group.prep.widths,
