@@ -30,7 +30,13 @@ import jax
 # The CLI's own persistent cache (domino_jax/compile_cache.py) stays off in the tests and the
 # CLI subprocesses they start: nothing is written under ~/.cache.
 os.environ.setdefault("DOMINO_JAX_COMPILE_CACHE", "off")
+# The same folder goes to the subprocesses the tests start (the CLI, the server, training
+# processes) through JAX's own environment variables: a program one of them compiled before
+# (the CLI run twice, a relaunched training pair) is loaded instead of compiled again.
 if os.environ.get("DOMINO_TEST_COMPILE_CACHE"):
+    os.environ.update(JAX_COMPILATION_CACHE_DIR=os.environ["DOMINO_TEST_COMPILE_CACHE"],
+                      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                      JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
     jax.config.update("jax_compilation_cache_dir", os.environ["DOMINO_TEST_COMPILE_CACHE"])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
@@ -220,6 +226,19 @@ def _programs_die_with_their_module():
     kept: it bounds itself."""
     yield
     jax.clear_caches()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _decode_programs_kept_longer():
+    """The tests' decode programs are tiny and many test modules compile the same ones: the
+    library's cache may hold a larger share of the mapping cap here than its default
+    (docs/design.md §24) before it drops one, which would be compiled again when a later
+    module asks for it."""
+    from domino_jax.decode import speculative
+
+    saved, speculative._PROGRAMS.budget = speculative._PROGRAMS.budget, 0.75
+    yield
+    speculative._PROGRAMS.budget = saved
 
 
 # The most memory mappings the process held after a test, and that test: XLA's CPU programs

@@ -82,6 +82,9 @@ class ServerProcess:
         """Start the process (it compiles before it reports healthy: :meth:`wait`)."""
         env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
                    JAX_PLATFORMS="cpu")
+        flags = dict(zip(self.args, self.args[1:]))
+        if flags.get("--compile-cache") == "off":     # no cache at all, the tests' neither
+            env.pop("JAX_COMPILATION_CACHE_DIR", None)
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "domino_jax.serve", "--port", str(self.port)] + self.args,
