@@ -19,7 +19,8 @@ import pytest
 from decode_helpers import (assert_first_three_follow_target, draft_config,
                             perm_domino_params, perm_target, reference_greedy,
                             tiny_draft)
-from test_decode_greedy import PI, RAGGED  # the greedy tests' permutation pair and ragged rows
+from test_decode_greedy import (PI, RAGGED,  # the greedy tests' permutation pair, ragged rows
+                                prefill_state)
 from test_decode_sampling import PROMPT, V, models  # noqa: F401  (the T > 0 tiny pair)
 from domino_jax.decode import adaptive, speculative
 from domino_jax.decode.adaptive import AdaptiveConfig
@@ -278,15 +279,13 @@ def test_ar_rounds_feed_the_draft_cache_as_prefill_would():
     assert list(np.asarray(policy.arm_rounds)) == [12] + [0] * (arms - 1)
     positions = ((state.target_cache.lengths - state.context_len)[:, None]
                  + jnp.arange(state.context.shape[1], dtype=jnp.int32)[None, :])
-    cache = base.ingest_features(params, dparams, state.context, positions, state.context_len,
-                                state.draft_cache)
+    cache = jax.jit(base.ingest_features)(params, dparams, state.context, positions,
+                                          state.context_len, state.draft_cache)
     generated = speculative._trim(state, config)
     assert generated == [r[:13] for r in reference_greedy(target, params, prompts, 13)]
     longer = [p + g[:12] for p, g in zip(prompts, generated)]      # the committed tokens
     plain = DecodeConfig(method="dflash", max_new_tokens=MAX_NEW)
-    ref_prep = speculative._prepare(target, params, longer, plain, drafter, dparams, 0)
-    ref_state = ref_prep.prefill_fn(params, dparams, ref_prep.prompt, ref_prep.prompt_len,
-                                    ref_prep.key)
+    ref_state = prefill_state(target, params, longer, plain, drafter, dparams)
     np.testing.assert_array_equal(np.asarray(cache.lengths),
                                   np.asarray(ref_state.draft_cache.lengths))
     for row, n in enumerate(np.asarray(cache.lengths)):
@@ -314,10 +313,13 @@ def test_narrow_drafting_proposes_what_the_whole_buffer_does():
     rows = adaptive.narrow_rows(prep.drafter, arm)
     assert rows == adaptive.NARROW_MIN_ROWS < state.context.shape[1]
     key = jax.random.PRNGKey(0)
+    # jitted (one compile each, both lengths): eager dispatch of the drafts is slower
+    narrow = jax.jit(lambda p, d, s, k: adaptive.draft_narrow(arm, rows, config, p, d, s, k))
+    whole = jax.jit(lambda p, d, s, k: round_lib.draft(arm, config, p, d, s, k))
     for lens in ([3, rows], [3, rows + 1]):
         s = state.replace(context_len=jnp.asarray(lens, jnp.int32))
-        got = adaptive.draft_narrow(arm, rows, config, params, dparams, s, key)
-        want = round_lib.draft(arm, config, params, dparams, s, key)
+        got = narrow(params, dparams, s, key)
+        want = whole(params, dparams, s, key)
         np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
         lengths = np.asarray(want.draft_cache.lengths)
         np.testing.assert_array_equal(np.asarray(got.draft_cache.lengths), lengths)

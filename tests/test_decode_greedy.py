@@ -140,11 +140,10 @@ def test_trimmed_block_drafts_from_fewer_slots_and_is_lossless(method, shift, bl
     assert make_drafter(cfg, target, method, method_options(
         method, trim_block=True)).block_len == block                  # all K: nothing to trim
     config = DecodeConfig(method=method, max_new_tokens=MAX_NEW)
-    prep = speculative._prepare(target, params, RAGGED[:2], config, whole, dparams, 0)
-    state = prep.prefill_fn(params, dparams, prep.prompt, prep.prompt_len, prep.key)
+    state = prefill_state(target, params, RAGGED[:2], config, whole, dparams)
     hidden = {}
     for name, drafter in (("whole", whole), ("trimmed", trimmed)):
-        h, _, _ = drafter.draft_block(params, dparams, state)
+        h, _, _ = jax.jit(drafter.draft_block)(params, dparams, state)   # eager: slower
         assert h.shape[1] == 2
         hidden[name] = np.asarray(h)
     assert not np.allclose(hidden["whole"], hidden["trimmed"], atol=1e-4)
@@ -152,6 +151,21 @@ def test_trimmed_block_drafts_from_fewer_slots_and_is_lossless(method, shift, bl
     result = generate(target, params, RAGGED, config, drafter=trimmed, draft_params=dparams)
     assert result.tokens == ref
     assert result.verify_widths == {3: int(result.rounds.max())}
+
+
+def prefill_state(target, params, prompts, config, drafter, draft_params, seed=0):
+    """The decode state right after the prefill ``generate`` would run (as
+    ``speculative._prepare``: bucketed prompt width, aligned capacity), compiling the prefill
+    program alone: the tests that only inspect the prefilled state need no round loop."""
+    from domino_jax.kv_cache import align_slots
+
+    prompt, prompt_len = speculative.pad_prompts(prompts)
+    num_drafts = drafter.verify_width - 1
+    capacity = align_slots(speculative.required_capacity(prompt.shape[1], config, num_drafts))
+    key = jax.random.PRNGKey(seed)
+    prefill_fn, _ = speculative.compiled_prefill(target, drafter, config, params, draft_params,
+                                                 prompt, prompt_len, key, capacity)
+    return prefill_fn(params, draft_params, prompt, prompt_len, key)
 
 
 # ------------------------------------------------------------ stale (rejected) cache slots
