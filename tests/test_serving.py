@@ -13,7 +13,7 @@ import pytest
 from decode_helpers import (assert_first_three_follow_target, draft_config,
                             perm_domino_params, perm_target, reference_greedy, tiny_draft)
 from test_decode_adaptive import AD, MIXED
-from test_decode_greedy import PI, RAGGED
+from test_decode_greedy import MAX_NEW, PI, RAGGED  # MAX_NEW: generate's programs shared
 from test_decode_sampling import PROMPT, V, models  # noqa: F401  (the T > 0 tiny pair)
 from domino_jax.decode import serving
 from domino_jax.decode.adaptive import AdaptiveConfig, PolicyState
@@ -24,7 +24,6 @@ from domino_jax.decode.speculative import DecodeConfig, generate
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
-MAX_NEW = 14
 REQUESTS = RAGGED + [[5, 6], [9, 9, 9, 1], [2, 3, 4, 5, 6, 7, 8], [30], [17, 18, 19]]
 
 
