@@ -28,6 +28,20 @@ def _drafter(cfg, target, method, **options):
     return make_drafter(cfg, target, method, method_options(method, **options))
 
 
+@jax.jit
+def _vmapped_chain_graft(tree, branches, found):
+    return jax.vmap(lambda t, b, f: graft_branch(t, b, f, 2))(tree, branches, found)
+
+
+def _build_trees(logits, budget):
+    """``build_ddtree`` over a batch of rows, jitted (eager dispatch of its loop is slow)."""
+    return _build_trees_jit(logits, budget)
+
+
+_build_trees_jit = jax.jit(lambda logits, budget: jax.vmap(lambda x: build_ddtree(x, budget))(
+    logits), static_argnums=1)
+
+
 
 
 # ------------------------------------------------------------------ the grafted trees
@@ -77,7 +91,7 @@ def test_graft_branch_equals_reference():
     budget, reserve, length, vocab = 12, 5, 4, 6
     graft = jax.jit(jax.vmap(lambda t, b, f: graft_branch(t, b, f, reserve)))
     logits = jnp.asarray(rng.normal(size=(16, 5, vocab)) * 2, jnp.float32)
-    trees = jax.vmap(lambda x: build_ddtree(x, budget))(logits)
+    trees = _build_trees(logits, budget)
     branches = rng.integers(0, vocab, (16, length))
     for i in range(0, 16, 2):          # half the branches start along an existing path
         top = [int(t) for t, p, v in zip(trees.tokens[i], trees.parents[i], trees.valid[i])
@@ -137,7 +151,7 @@ def test_graft_lookup_equals_reference(branch):
     rows, budget, vocab = 18, 8, 6
     contexts, history, root = _histories(rng, rows, 24)
     logits = jnp.asarray(rng.normal(size=(rows, 4, vocab)) * 2, jnp.float32)
-    trees = jax.vmap(lambda x: build_ddtree(x, budget))(logits)
+    trees = _build_trees(logits, budget)
     out = jax.jit(lambda t, h, r: graft_lookup(t, h, r, branch))(
         trees, jnp.asarray(history), jnp.asarray(root))
     matched = 0
@@ -172,8 +186,7 @@ def test_chain_tree_two_branches():
     assert _as_lists(tree, 0) == [[5, 6, 7, 0, 0], [-1, 0, 1, -1, -1], [0, 1, 2, 0, 0],
                                   [True, True, True, False, False]]
     branches = jnp.asarray([[5, 9], [8, 9], [5, 6]], jnp.int32)
-    out = jax.vmap(lambda t, b, f: graft_branch(t, b, f, 2))(
-        tree, branches, jnp.asarray([True, True, False]))
+    out = _vmapped_chain_graft(tree, branches, jnp.asarray([True, True, False]))
     assert _as_lists(out, 0) == [[5, 6, 7, 9, 0], [-1, 0, 1, 0, -1], [0, 1, 2, 1, 0],
                                  [True, True, True, True, False]]    # shares "5"
     assert _as_lists(out, 1) == [[5, 6, 7, 8, 9], [-1, 0, 1, -1, 3], [0, 1, 2, 0, 1],
