@@ -291,8 +291,29 @@ def _plain_rollout(temperature, topm):
             return jnp.argmax(logits, -1).astype(jnp.int32)
         return jax.random.categorical(k, logits / temperature, axis=-1).astype(jnp.int32)
 
-    return dh.rollout(head, cfg, x["hidden"], x["base"], x["root_embed"], embed, choose,
-                      jax.random.PRNGKey(5), candidate_topm=topm)
+    return jax.jit(lambda *a: dh.rollout(*a, candidate_topm=topm), static_argnums=(1, 6))(
+        head, cfg, x["hidden"], x["base"], x["root_embed"], embed, choose,
+        jax.random.PRNGKey(5))
+
+
+def _fused_rollout(kernels, temperature, batch=B, **kw):
+    """``hk.fused_rollout`` on :func:`_small_head`'s first ``batch`` rows under ``jit`` (as the
+    decode loop runs it; op by op the interpreter's kernels take twice as long on the CPU)."""
+    cfg, head, _, x = _small_head()
+    return jax.jit(lambda h, hid, base, root, key: hk.fused_rollout(
+        h, cfg, hid, base, root, kernels, temperature, key, **kw))(
+        head, x["hidden"][:batch], x["base"][:batch], x["root_embed"][:batch],
+        jax.random.PRNGKey(5))
+
+
+def _build_dominotree(args, **kw):
+    """``tree.build_dominotree(*args, node_topk=3, topm=10, **kw)`` under ``jit``."""
+    from domino_jax.decode import tree as tree_lib
+
+    head, cfg, hidden, base, root_state, embed, budget = args
+    return jax.jit(lambda hd, h, b, r, e: tree_lib.build_dominotree(
+        hd, cfg, h, b, r, e, budget, node_topk=3, topm=10, **kw))(head, hidden, base,
+                                                                   root_state, embed)
 
 
 @pytest.mark.parametrize("path,temperature,topm", [
@@ -302,11 +323,8 @@ def test_fused_rollout_equals_rollout(path, temperature, topm):
     """The rollout through the step kernels (or their twins) drafts what
     ``domino_head.rollout`` drafts (argmax, Gumbel-max draws, the candidate pool) from the
     same logits."""
-    cfg, head, _, x = _small_head()
     tokens, logits = _plain_rollout(temperature, topm)
-    ours, our_logits = hk.fused_rollout(head, cfg, x["hidden"], x["base"], x["root_embed"],
-                                        KERNEL_PATHS[path], temperature, jax.random.PRNGKey(5),
-                                        candidate_topm=topm)
+    ours, our_logits = _fused_rollout(KERNEL_PATHS[path], temperature, candidate_topm=topm)
     np.testing.assert_array_equal(ours, tokens)
     finite = jnp.isfinite(logits)
     np.testing.assert_array_equal(jnp.isfinite(our_logits), finite)
@@ -318,23 +336,20 @@ def test_fused_rollout_equals_rollout(path, temperature, topm):
 def _plain_tree():
     """The plain-JAX builder's tree on :func:`_small_head` (seed 1, budget 6, node_topk 3,
     topm 10) and the arguments it was built from (made once)."""
-    from domino_jax.decode import tree as tree_lib
     from domino_jax.models import domino_head as dh
 
     cfg, head, embed, x = _small_head(seed=1)
     root_state = dh.root_gru_state(head, x["root_embed"][0])
     args = (head, cfg, x["hidden"][0], x["base"][0], root_state, embed, 6)
-    return args, tree_lib.build_dominotree(*args, node_topk=3, topm=10)
+    return args, _build_dominotree(args)
 
 
 @pytest.mark.parametrize("path", ["twin", "mosaic_tpu"])   # Triton: the fixture decode below
 def test_dominotree_through_the_kernel_equals_plain(path):
     """``build_dominotree`` with every depth step through the fused kernel gives the tree of
     the plain-JAX builder (tokens, depths, parents, validity exact; scores to 1e-5)."""
-    from domino_jax.decode import tree as tree_lib
-
     args, plain = _plain_tree()
-    fused = tree_lib.build_dominotree(*args, node_topk=3, topm=10, kernels=KERNEL_PATHS[path])
+    fused = _build_dominotree(args, kernels=KERNEL_PATHS[path])
     for name in ("tokens", "depths", "parents", "valid"):
         np.testing.assert_array_equal(getattr(fused, name), getattr(plain, name), err_msg=name)
     np.testing.assert_allclose(fused.scores, plain.scores, rtol=RTOL, atol=RTOL)
@@ -373,20 +388,15 @@ def test_tuned_triton_kernels_equal_plain():
     ``domino_head.rollout`` drafts (at batch 2, and at batch 1 where ``row_gru`` acts), and
     with ``split_advance`` (the advance's products in XLA) builds the plain builder's tree,
     Triton kernels in the interpreter."""
-    from domino_jax.decode import tree as tree_lib
-
     kernels = hk.HeadKernels("triton", interpret=True, tuning=TUNED)
-    cfg, head, _, x = _small_head()
     tokens, _ = _plain_rollout(None, 0)
     for batch in (2, 1):                         # rows are independent: row 0 alone too
-        ours, none = hk.fused_rollout(head, cfg, x["hidden"][:batch], x["base"][:batch],
-                                      x["root_embed"][:batch], kernels, None,
-                                      jax.random.PRNGKey(5), need_logits=False)
+        ours, none = _fused_rollout(kernels, None, batch, need_logits=False)
         assert none is None
         np.testing.assert_array_equal(ours, tokens[:batch])
     args, plain = _plain_tree()
     split = kernels._replace(tuning=TUNED._replace(split_advance=1))
-    fused = tree_lib.build_dominotree(*args, node_topk=3, topm=10, kernels=split)
+    fused = _build_dominotree(args, kernels=split)
     for name in ("tokens", "depths", "parents", "valid"):
         np.testing.assert_array_equal(getattr(fused, name), getattr(plain, name), err_msg=name)
 
