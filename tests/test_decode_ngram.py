@@ -21,10 +21,11 @@ from domino_jax.decode.speculative import DecodeConfig, generate
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
-@functools.lru_cache(maxsize=None)
 def _matcher(max_ngram, min_ngram, num_tokens, occurrence, wrap):
-    return jax.jit(functools.partial(lookup_drafts, max_ngram=max_ngram, min_ngram=min_ngram,
-                                     num_tokens=num_tokens, occurrence=occurrence, wrap=wrap))
+    # op by op: the 80 settings share their few small primitives' programs (a jit per setting
+    # compiles 80 programs, 5x the time); the decode tests below run it inside the loop's jit
+    return functools.partial(lookup_drafts, max_ngram=max_ngram, min_ngram=min_ngram,
+                             num_tokens=num_tokens, occurrence=occurrence, wrap=wrap)
 
 
 def _contexts(rng):
