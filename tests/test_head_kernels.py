@@ -35,6 +35,12 @@ B, K, V, E, G = 2, 4, 300, 32, 128          # 300 = 2 blocks of 128 + a partial 
 RTOL = 1e-5
 
 
+def _jit(fn, *args, **static):
+    """``fn(*args, **static)`` under ``jit`` (``static``: the plan, flags, interpret
+    settings), as the decode loop runs the kernels (op by op takes longer on the CPU)."""
+    return jax.jit(functools.partial(fn, **static))(*args)
+
+
 def _normal(rng, *shape, scale=1.0):
     return jnp.asarray(scale * rng.normal(size=shape), jnp.float32)
 
@@ -56,8 +62,8 @@ def test_logits_argmax_matches_twin_and_argmax(variant):
     plan, x = _head_inputs(variant)
     args = (x["products"], x["w2"], x["base"])
     kw = dict(plan=plan, step=2, act_dtype=jnp.float32, write_logits=True)
-    parts, logits = hs.logits_argmax(*args, **kw, interpret=INTERPRET[variant])
-    twin_parts, twin_logits = hs.logits_argmax_reference(*args, **kw)
+    parts, logits = _jit(hs.logits_argmax, *args, **kw, interpret=INTERPRET[variant])
+    twin_parts, twin_logits = _jit(hs.logits_argmax_reference, *args, **kw)
     u = x["products"][:B, 3 * G:]
     plain = x["base"][:, 2] + jnp.dot(u, x["w2"], precision="highest")
     np.testing.assert_allclose(logits, plain, rtol=RTOL, atol=RTOL)
@@ -65,8 +71,8 @@ def test_logits_argmax_matches_twin_and_argmax(variant):
     tokens = hs.finish_choice(parts, B)
     np.testing.assert_array_equal(tokens, jnp.argmax(plain, axis=-1))
     np.testing.assert_array_equal(tokens, hs.finish_choice(twin_parts, B))
-    greedy, none = hs.logits_argmax(*args, plan=plan, step=2, act_dtype=jnp.float32,
-                                    interpret=INTERPRET[variant])
+    greedy, none = _jit(hs.logits_argmax, *args, plan=plan, step=2, act_dtype=jnp.float32,
+                        interpret=INTERPRET[variant])
     assert none is None
     np.testing.assert_array_equal(hs.finish_choice(greedy, B), tokens)
 
@@ -101,8 +107,8 @@ def test_state_step_matches_twin_and_gru(variant, pool):
         table, stride = x["table"][:B * 5], 5
     args = (parts, table, x["state"], x["products"], x["z"], x["proj"])
     kw = dict(plan=plan, row_stride=stride, z_row=3)
-    token, state, products = hs.state_step(*args, **kw, interpret=INTERPRET[variant])
-    twin = hs.state_step_reference(*args, **kw)
+    token, state, products = _jit(hs.state_step, *args, **kw, interpret=INTERPRET[variant])
+    twin = _jit(hs.state_step_reference, *args, **kw)
     np.testing.assert_array_equal(token, twin[0])
     np.testing.assert_allclose(state[:B], twin[1][:B], rtol=RTOL, atol=RTOL)
     np.testing.assert_allclose(products[:B], twin[2][:B], rtol=RTOL, atol=RTOL)
@@ -129,8 +135,8 @@ def test_row_gru_state_step_matches_twin(split):
     parts, _ = hs.logits_argmax_reference(products, x["w2"], x["base"][:1], plan=plan,
                                           step=1, act_dtype=jnp.float32)
     args = (parts, x["table"], state, products, x["z"], x["proj"])
-    ours = hs.state_step(*args, plan=plan, z_row=2, interpret=True)
-    twin = hs.state_step_reference(*args, plan=plan, z_row=2)
+    ours = _jit(hs.state_step, *args, plan=plan, z_row=2, interpret=True)
+    twin = _jit(hs.state_step_reference, *args, plan=plan, z_row=2)
     np.testing.assert_array_equal(ours[0], twin[0])
     for a, b in zip(ours[1:], twin[1:]):
         np.testing.assert_allclose(a, b, rtol=RTOL, atol=RTOL)
@@ -142,13 +148,14 @@ def test_bfloat16_step_close_to_twin(variant):
     plan, x = _head_inputs(variant, seed=3, dtype=jnp.bfloat16)
     interpret = INTERPRET[variant]
     kw = dict(plan=plan, step=1, act_dtype=jnp.bfloat16, write_logits=True)
-    parts, logits = hs.logits_argmax(x["products"], x["w2"], x["base"], **kw,
-                                     interpret=interpret)
-    twin_parts, twin_logits = hs.logits_argmax_reference(x["products"], x["w2"], x["base"], **kw)
+    parts, logits = _jit(hs.logits_argmax, x["products"], x["w2"], x["base"], **kw,
+                         interpret=interpret)
+    twin_parts, twin_logits = _jit(hs.logits_argmax_reference, x["products"], x["w2"],
+                                   x["base"], **kw)
     np.testing.assert_allclose(logits, twin_logits, rtol=1e-5, atol=1e-4)
     args = (parts, x["table"], x["state"], x["products"], x["z"], x["proj"])
-    out = hs.state_step(*args, plan=plan, z_row=2, interpret=interpret)
-    twin = hs.state_step_reference(*args, plan=plan, z_row=2)
+    out = _jit(hs.state_step, *args, plan=plan, z_row=2, interpret=interpret)
+    twin = _jit(hs.state_step_reference, *args, plan=plan, z_row=2)
     assert out[1].dtype == jnp.bfloat16
     np.testing.assert_array_equal(out[0], twin[0])
     for ours, theirs in zip(out[1:], twin[1:]):
