@@ -6,6 +6,8 @@ CPU, float32 (decode_helpers sets matmul precision "highest").
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -157,12 +159,20 @@ def exact_probs(target, params, sampling):
     return exact_joint_probs(target, params, PROMPT, V, sampling)
 
 
+@functools.cache
+def _sampling_case():
+    """The models, sampling and exact joint probabilities both tree methods are checked
+    against (made once)."""
+    target, params = tiny_target(seed=11, vocab=V, lm_scale=2.5)
+    sampling = SamplingConfig(1.0, top_p=0.9)
+    return target, params, sampling, exact_probs(target, params, sampling)
+
+
 @pytest.mark.parametrize("method", ["dominotree", "ddtree"])
 def test_tree_sampling_follows_the_target(method):
-    target, params = tiny_target(seed=11, vocab=V, lm_scale=2.5)
+    target, params, sampling, probs = _sampling_case()
     cfg = draft_config(V, block=4, shift=True, prefix=1)
     dparams = tiny_draft(cfg, seed=14, head_scale=3.0)
-    sampling = SamplingConfig(1.0, top_p=0.9)
     drafter = tree_drafter(cfg, target, method, 6, node_topk=3, topm=4)
     result = generate(target, params, [PROMPT] * ROWS,
                       DecodeConfig(method=method, max_new_tokens=3, sampling=sampling),
@@ -171,8 +181,7 @@ def test_tree_sampling_follows_the_target(method):
     assert tokens.shape == (ROWS, 3)
     counts = np.zeros((V, V, V))
     np.add.at(counts, tuple(tokens.T), 1)
-    stat, df, threshold = chi_square_test(counts, exact_probs(target, params, sampling),
-                                          min_expected=20.0)
+    stat, df, threshold = chi_square_test(counts, probs, min_expected=20.0)
     assert df >= 5 and stat < threshold, (stat, threshold, df)
     assert result.accept_hist[:, 2:].sum() > 0, "no tree node was ever accepted"
 
