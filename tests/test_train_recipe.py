@@ -358,7 +358,7 @@ def test_largest_sweep_drafter_trains_and_drafts(tmp_path):
     from domino_jax.train.loop import load_trained_draft, train
 
     target = TargetLM(TARGET8, **F32)
-    tparams = init_params(TARGET8, jax.random.PRNGKey(0))
+    tparams = jax.jit(lambda k: init_params(TARGET8, k))(jax.random.PRNGKey(0))  # op by op: 3 s
     cfg = TrainConfig(drafter="domino", steps=2, batch_size=2, max_length=40, num_anchors=4,
                       compute_dtype="float32", log_every=1, checkpoint_every=1000,
                       init_from_target="spread")
