@@ -21,10 +21,11 @@ from domino_jax.decode.speculative import DecodeConfig, generate
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
-@functools.lru_cache(maxsize=None)
 def _matcher(max_ngram, min_ngram, num_tokens, occurrence, wrap):
-    return jax.jit(functools.partial(lookup_drafts, max_ngram=max_ngram, min_ngram=min_ngram,
-                                     num_tokens=num_tokens, occurrence=occurrence, wrap=wrap))
+    # op by op: the 80 settings share their few small primitives' programs (a jit per setting
+    # compiles 80 programs, 5x the time); the decode tests below run it inside the loop's jit
+    return functools.partial(lookup_drafts, max_ngram=max_ngram, min_ngram=min_ngram,
+                             num_tokens=num_tokens, occurrence=occurrence, wrap=wrap)
 
 
 def _contexts(rng):
@@ -165,9 +166,10 @@ def test_greedy_equals_ar_ragged(attn_scale, occurrence):
 def test_context_buffer_and_stale_entries():
     """The loop's context buffer holds prompt + committed tokens by position; whatever lies
     past the root (stale drafts of rejected rounds) is never read: random garbage written
-    there before every round leaves the output and acceptance unchanged."""
+    there before every round leaves the output and acceptance unchanged. (The default
+    lookup: the programs of test_heldout_evaluator_lookup_floor's direct decode.)"""
     target, params = perm_target(PI, attn_scale=0.3, seed=1)
-    drafter = NgramDrafter(options=NgramOptions(max_ngram=2, min_ngram=1, num_tokens=4))
+    drafter = NgramDrafter()
     config = DecodeConfig(method="ngram", max_new_tokens=MAX_NEW, stop_token_ids=())
     expected = _ngram(target, params, RAGGED, drafter, max_new_tokens=MAX_NEW)
     prompt, prompt_len = speculative.pad_prompts(RAGGED)

@@ -35,6 +35,12 @@ B, K, V, E, G = 2, 4, 300, 32, 128          # 300 = 2 blocks of 128 + a partial 
 RTOL = 1e-5
 
 
+def _jit(fn, *args, **static):
+    """``fn(*args, **static)`` under ``jit`` (``static``: the plan, flags, interpret
+    settings), as the decode loop runs the kernels (op by op takes longer on the CPU)."""
+    return jax.jit(functools.partial(fn, **static))(*args)
+
+
 def _normal(rng, *shape, scale=1.0):
     return jnp.asarray(scale * rng.normal(size=shape), jnp.float32)
 
@@ -56,8 +62,8 @@ def test_logits_argmax_matches_twin_and_argmax(variant):
     plan, x = _head_inputs(variant)
     args = (x["products"], x["w2"], x["base"])
     kw = dict(plan=plan, step=2, act_dtype=jnp.float32, write_logits=True)
-    parts, logits = hs.logits_argmax(*args, **kw, interpret=INTERPRET[variant])
-    twin_parts, twin_logits = hs.logits_argmax_reference(*args, **kw)
+    parts, logits = _jit(hs.logits_argmax, *args, **kw, interpret=INTERPRET[variant])
+    twin_parts, twin_logits = _jit(hs.logits_argmax_reference, *args, **kw)
     u = x["products"][:B, 3 * G:]
     plain = x["base"][:, 2] + jnp.dot(u, x["w2"], precision="highest")
     np.testing.assert_allclose(logits, plain, rtol=RTOL, atol=RTOL)
@@ -65,8 +71,8 @@ def test_logits_argmax_matches_twin_and_argmax(variant):
     tokens = hs.finish_choice(parts, B)
     np.testing.assert_array_equal(tokens, jnp.argmax(plain, axis=-1))
     np.testing.assert_array_equal(tokens, hs.finish_choice(twin_parts, B))
-    greedy, none = hs.logits_argmax(*args, plan=plan, step=2, act_dtype=jnp.float32,
-                                    interpret=INTERPRET[variant])
+    greedy, none = _jit(hs.logits_argmax, *args, plan=plan, step=2, act_dtype=jnp.float32,
+                        interpret=INTERPRET[variant])
     assert none is None
     np.testing.assert_array_equal(hs.finish_choice(greedy, B), tokens)
 
@@ -101,8 +107,8 @@ def test_state_step_matches_twin_and_gru(variant, pool):
         table, stride = x["table"][:B * 5], 5
     args = (parts, table, x["state"], x["products"], x["z"], x["proj"])
     kw = dict(plan=plan, row_stride=stride, z_row=3)
-    token, state, products = hs.state_step(*args, **kw, interpret=INTERPRET[variant])
-    twin = hs.state_step_reference(*args, **kw)
+    token, state, products = _jit(hs.state_step, *args, **kw, interpret=INTERPRET[variant])
+    twin = _jit(hs.state_step_reference, *args, **kw)
     np.testing.assert_array_equal(token, twin[0])
     np.testing.assert_allclose(state[:B], twin[1][:B], rtol=RTOL, atol=RTOL)
     np.testing.assert_allclose(products[:B], twin[2][:B], rtol=RTOL, atol=RTOL)
@@ -129,8 +135,8 @@ def test_row_gru_state_step_matches_twin(split):
     parts, _ = hs.logits_argmax_reference(products, x["w2"], x["base"][:1], plan=plan,
                                           step=1, act_dtype=jnp.float32)
     args = (parts, x["table"], state, products, x["z"], x["proj"])
-    ours = hs.state_step(*args, plan=plan, z_row=2, interpret=True)
-    twin = hs.state_step_reference(*args, plan=plan, z_row=2)
+    ours = _jit(hs.state_step, *args, plan=plan, z_row=2, interpret=True)
+    twin = _jit(hs.state_step_reference, *args, plan=plan, z_row=2)
     np.testing.assert_array_equal(ours[0], twin[0])
     for a, b in zip(ours[1:], twin[1:]):
         np.testing.assert_allclose(a, b, rtol=RTOL, atol=RTOL)
@@ -142,13 +148,14 @@ def test_bfloat16_step_close_to_twin(variant):
     plan, x = _head_inputs(variant, seed=3, dtype=jnp.bfloat16)
     interpret = INTERPRET[variant]
     kw = dict(plan=plan, step=1, act_dtype=jnp.bfloat16, write_logits=True)
-    parts, logits = hs.logits_argmax(x["products"], x["w2"], x["base"], **kw,
-                                     interpret=interpret)
-    twin_parts, twin_logits = hs.logits_argmax_reference(x["products"], x["w2"], x["base"], **kw)
+    parts, logits = _jit(hs.logits_argmax, x["products"], x["w2"], x["base"], **kw,
+                         interpret=interpret)
+    twin_parts, twin_logits = _jit(hs.logits_argmax_reference, x["products"], x["w2"],
+                                   x["base"], **kw)
     np.testing.assert_allclose(logits, twin_logits, rtol=1e-5, atol=1e-4)
     args = (parts, x["table"], x["state"], x["products"], x["z"], x["proj"])
-    out = hs.state_step(*args, plan=plan, z_row=2, interpret=interpret)
-    twin = hs.state_step_reference(*args, plan=plan, z_row=2)
+    out = _jit(hs.state_step, *args, plan=plan, z_row=2, interpret=interpret)
+    twin = _jit(hs.state_step_reference, *args, plan=plan, z_row=2)
     assert out[1].dtype == jnp.bfloat16
     np.testing.assert_array_equal(out[0], twin[0])
     for ours, theirs in zip(out[1:], twin[1:]):
@@ -186,8 +193,9 @@ def test_tree_step_matches_twin_and_top_k(variant):
     results = {}
     for from_base, advance in ((False, True), (True, False)):
         kw = dict(plan=plan, depth=1, from_base=from_base, advance=advance)
-        ours = results[from_base] = ts.tree_step(*args, **kw, interpret=INTERPRET[variant])
-        twin = ts.tree_step_reference(*args, **kw)
+        ours = results[from_base] = jax.jit(functools.partial(
+            ts.tree_step, **kw, interpret=INTERPRET[variant]))(*args)
+        twin = jax.jit(functools.partial(ts.tree_step_reference, **kw))(*args)
         for a, b in zip(ours[:3], twin[:3]):
             np.testing.assert_array_equal(a, b)
         if advance:
@@ -291,8 +299,29 @@ def _plain_rollout(temperature, topm):
             return jnp.argmax(logits, -1).astype(jnp.int32)
         return jax.random.categorical(k, logits / temperature, axis=-1).astype(jnp.int32)
 
-    return dh.rollout(head, cfg, x["hidden"], x["base"], x["root_embed"], embed, choose,
-                      jax.random.PRNGKey(5), candidate_topm=topm)
+    return jax.jit(lambda *a: dh.rollout(*a, candidate_topm=topm), static_argnums=(1, 6))(
+        head, cfg, x["hidden"], x["base"], x["root_embed"], embed, choose,
+        jax.random.PRNGKey(5))
+
+
+def _fused_rollout(kernels, temperature, batch=B, **kw):
+    """``hk.fused_rollout`` on :func:`_small_head`'s first ``batch`` rows under ``jit`` (as the
+    decode loop runs it; op by op the interpreter's kernels take twice as long on the CPU)."""
+    cfg, head, _, x = _small_head()
+    return jax.jit(lambda h, hid, base, root, key: hk.fused_rollout(
+        h, cfg, hid, base, root, kernels, temperature, key, **kw))(
+        head, x["hidden"][:batch], x["base"][:batch], x["root_embed"][:batch],
+        jax.random.PRNGKey(5))
+
+
+def _build_dominotree(args, **kw):
+    """``tree.build_dominotree(*args, node_topk=3, topm=10, **kw)`` under ``jit``."""
+    from domino_jax.decode import tree as tree_lib
+
+    head, cfg, hidden, base, root_state, embed, budget = args
+    return jax.jit(lambda hd, h, b, r, e: tree_lib.build_dominotree(
+        hd, cfg, h, b, r, e, budget, node_topk=3, topm=10, **kw))(head, hidden, base,
+                                                                   root_state, embed)
 
 
 @pytest.mark.parametrize("path,temperature,topm", [
@@ -302,11 +331,8 @@ def test_fused_rollout_equals_rollout(path, temperature, topm):
     """The rollout through the step kernels (or their twins) drafts what
     ``domino_head.rollout`` drafts (argmax, Gumbel-max draws, the candidate pool) from the
     same logits."""
-    cfg, head, _, x = _small_head()
     tokens, logits = _plain_rollout(temperature, topm)
-    ours, our_logits = hk.fused_rollout(head, cfg, x["hidden"], x["base"], x["root_embed"],
-                                        KERNEL_PATHS[path], temperature, jax.random.PRNGKey(5),
-                                        candidate_topm=topm)
+    ours, our_logits = _fused_rollout(KERNEL_PATHS[path], temperature, candidate_topm=topm)
     np.testing.assert_array_equal(ours, tokens)
     finite = jnp.isfinite(logits)
     np.testing.assert_array_equal(jnp.isfinite(our_logits), finite)
@@ -318,23 +344,20 @@ def test_fused_rollout_equals_rollout(path, temperature, topm):
 def _plain_tree():
     """The plain-JAX builder's tree on :func:`_small_head` (seed 1, budget 6, node_topk 3,
     topm 10) and the arguments it was built from (made once)."""
-    from domino_jax.decode import tree as tree_lib
     from domino_jax.models import domino_head as dh
 
     cfg, head, embed, x = _small_head(seed=1)
     root_state = dh.root_gru_state(head, x["root_embed"][0])
     args = (head, cfg, x["hidden"][0], x["base"][0], root_state, embed, 6)
-    return args, tree_lib.build_dominotree(*args, node_topk=3, topm=10)
+    return args, _build_dominotree(args)
 
 
 @pytest.mark.parametrize("path", ["twin", "mosaic_tpu"])   # Triton: the fixture decode below
 def test_dominotree_through_the_kernel_equals_plain(path):
     """``build_dominotree`` with every depth step through the fused kernel gives the tree of
     the plain-JAX builder (tokens, depths, parents, validity exact; scores to 1e-5)."""
-    from domino_jax.decode import tree as tree_lib
-
     args, plain = _plain_tree()
-    fused = tree_lib.build_dominotree(*args, node_topk=3, topm=10, kernels=KERNEL_PATHS[path])
+    fused = _build_dominotree(args, kernels=KERNEL_PATHS[path])
     for name in ("tokens", "depths", "parents", "valid"):
         np.testing.assert_array_equal(getattr(fused, name), getattr(plain, name), err_msg=name)
     np.testing.assert_allclose(fused.scores, plain.scores, rtol=RTOL, atol=RTOL)
@@ -373,20 +396,15 @@ def test_tuned_triton_kernels_equal_plain():
     ``domino_head.rollout`` drafts (at batch 2, and at batch 1 where ``row_gru`` acts), and
     with ``split_advance`` (the advance's products in XLA) builds the plain builder's tree,
     Triton kernels in the interpreter."""
-    from domino_jax.decode import tree as tree_lib
-
     kernels = hk.HeadKernels("triton", interpret=True, tuning=TUNED)
-    cfg, head, _, x = _small_head()
     tokens, _ = _plain_rollout(None, 0)
     for batch in (2, 1):                         # rows are independent: row 0 alone too
-        ours, none = hk.fused_rollout(head, cfg, x["hidden"][:batch], x["base"][:batch],
-                                      x["root_embed"][:batch], kernels, None,
-                                      jax.random.PRNGKey(5), need_logits=False)
+        ours, none = _fused_rollout(kernels, None, batch, need_logits=False)
         assert none is None
         np.testing.assert_array_equal(ours, tokens[:batch])
     args, plain = _plain_tree()
     split = kernels._replace(tuning=TUNED._replace(split_advance=1))
-    fused = tree_lib.build_dominotree(*args, node_topk=3, topm=10, kernels=split)
+    fused = _build_dominotree(args, kernels=split)
     for name in ("tokens", "depths", "parents", "valid"):
         np.testing.assert_array_equal(getattr(fused, name), getattr(plain, name), err_msg=name)
 

@@ -6,6 +6,8 @@ CPU, float32 (decode_helpers sets matmul precision "highest").
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,7 +16,7 @@ from decode_helpers import (chi_square_test, draft_config, exact_joint_probs, fi
                             perm_domino_params, perm_target, permutation, reference_greedy,
                             tiny_draft, tiny_target)
 
-from domino_jax.decode import loop, round as round_lib
+from domino_jax.decode import loop
 from domino_jax.decode import speculative
 from domino_jax.decode.methods import make_drafter, method_options
 from domino_jax.decode.sampling import SamplingConfig
@@ -112,33 +114,39 @@ def test_walk_follows_matching_children():
 
 def test_tree_commit_cache_equals_sequential_decoding():
     """After several tree rounds (with acceptance), the target cache up to each row's
-    length equals the cache of a plain forward over the committed tokens."""
+    length equals the cache of a plain forward over the committed tokens. (The compiled
+    programs of test_forced_acceptance_through_the_tree[dominotree]: same models, config and
+    shapes.)"""
+    from conftest import forward
+
     cfg = draft_config(32, block=4, shift=True, prefix=0, gru=32, emb=32)
     dparams = perm_domino_params(cfg, PI)
     target, params = perm_target(PI, attn_scale=0.3, seed=1)
     drafter = tree_drafter(cfg, target, "dominotree", 8, topm=0)
-    config = DecodeConfig(method="dominotree", max_new_tokens=12)
-    prompt, prompt_len = speculative.pad_prompts(RAGGED)
-    capacity = 64
-    state = round_lib.prefill(target, drafter, config, params, dparams, prompt, prompt_len,
-                              jax.random.PRNGKey(0), capacity)
-    policy = loop.init_policy(config, drafter, loop.loop_arms(config, drafter)[1],
-                              len(RAGGED))
-    state, _ = loop.rounds(target, drafter, config, params, dparams, state, policy,
-                           jnp.int32(3))
+    config = DecodeConfig(method="dominotree", max_new_tokens=MAX_NEW)
+    prep = speculative._prepare(target, params, RAGGED, config, drafter, dparams, seed=0)
+    capacity = prep.capacity
+    state = prep.prefill_fn(params, dparams, prep.prompt, prep.prompt_len, prep.key)
+    policy = loop.init_policy(config, prep.drafter, prep.widths, len(RAGGED))
+    state, _ = prep.rounds_fn(params, dparams, state, policy, jnp.int32(3))
     assert int(np.asarray(state.accept_hist)[:, 3:].sum()) > 0     # multi-token rounds
     lengths = np.asarray(state.target_cache.lengths)
     out = np.asarray(state.out_tokens)
+    # one plain forward over every row's committed tokens (causal: what follows a row's
+    # committed tokens changes nothing before it)
+    seqs = np.zeros((len(RAGGED), capacity), np.int32)
     for b, p in enumerate(RAGGED):
         n = int(lengths[b])
-        seq = (list(p) + out[b].tolist())[:n]      # committed tokens in the cache
-        fresh = new_cache(target.config, 1, capacity, target.dtype)
-        ref = target.apply({"params": params}, jnp.asarray([seq], jnp.int32),
-                           jnp.arange(n)[None], cache=fresh)
+        seqs[b, :n] = (list(p) + out[b].tolist())[:n]      # committed tokens in the cache
+    fresh = new_cache(target.config, len(RAGGED), capacity, target.dtype)
+    ref = forward(target, params, seqs, np.tile(np.arange(capacity), (len(RAGGED), 1)),
+                  cache=fresh)
+    for b in range(len(RAGGED)):
+        n = int(lengths[b])
         np.testing.assert_allclose(np.asarray(state.target_cache.keys[:, b, :n]),
-                                   np.asarray(ref.cache.keys[:, 0, :n]), atol=2e-5, rtol=1e-5)
+                                   np.asarray(ref.cache.keys[:, b, :n]), atol=2e-5, rtol=1e-5)
         np.testing.assert_allclose(np.asarray(state.target_cache.values[:, b, :n]),
-                                   np.asarray(ref.cache.values[:, 0, :n]), atol=2e-5, rtol=1e-5)
+                                   np.asarray(ref.cache.values[:, b, :n]), atol=2e-5, rtol=1e-5)
 
 
 V = 8
@@ -151,12 +159,20 @@ def exact_probs(target, params, sampling):
     return exact_joint_probs(target, params, PROMPT, V, sampling)
 
 
+@functools.cache
+def _sampling_case():
+    """The models, sampling and exact joint probabilities both tree methods are checked
+    against (made once)."""
+    target, params = tiny_target(seed=11, vocab=V, lm_scale=2.5)
+    sampling = SamplingConfig(1.0, top_p=0.9)
+    return target, params, sampling, exact_probs(target, params, sampling)
+
+
 @pytest.mark.parametrize("method", ["dominotree", "ddtree"])
 def test_tree_sampling_follows_the_target(method):
-    target, params = tiny_target(seed=11, vocab=V, lm_scale=2.5)
+    target, params, sampling, probs = _sampling_case()
     cfg = draft_config(V, block=4, shift=True, prefix=1)
     dparams = tiny_draft(cfg, seed=14, head_scale=3.0)
-    sampling = SamplingConfig(1.0, top_p=0.9)
     drafter = tree_drafter(cfg, target, method, 6, node_topk=3, topm=4)
     result = generate(target, params, [PROMPT] * ROWS,
                       DecodeConfig(method=method, max_new_tokens=3, sampling=sampling),
@@ -165,8 +181,7 @@ def test_tree_sampling_follows_the_target(method):
     assert tokens.shape == (ROWS, 3)
     counts = np.zeros((V, V, V))
     np.add.at(counts, tuple(tokens.T), 1)
-    stat, df, threshold = chi_square_test(counts, exact_probs(target, params, sampling),
-                                          min_expected=20.0)
+    stat, df, threshold = chi_square_test(counts, probs, min_expected=20.0)
     assert df >= 5 and stat < threshold, (stat, threshold, df)
     assert result.accept_hist[:, 2:].sum() > 0, "no tree node was ever accepted"
 
