@@ -228,19 +228,6 @@ def _programs_die_with_their_module():
     jax.clear_caches()
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _decode_programs_kept_longer():
-    """The tests' decode programs are tiny and many test modules compile the same ones: the
-    library's cache may hold a larger share of the mapping cap here than its default
-    (docs/design.md §24) before it drops one, which would be compiled again when a later
-    module asks for it."""
-    from domino_jax.decode import speculative
-
-    saved, speculative._PROGRAMS.budget = speculative._PROGRAMS.budget, 0.75
-    yield
-    speculative._PROGRAMS.budget = saved
-
-
 # The most memory mappings the process held after a test, and that test: XLA's CPU programs
 # hold mappings, and a compile past vm.max_map_count kills the process (docs/design.md §24).
 PEAK_MAPS = [0, ""]
