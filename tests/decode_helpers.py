@@ -8,6 +8,7 @@
 * :func:`tiny_target` / :func:`tiny_draft`: small random models (vocab <= 64, hidden 32).
 * :func:`reference_greedy`: an independent greedy AR reference (full recompute, no cache).
 * :func:`chi_square_test`: Pearson chi-square against exact cell probabilities.
+* :func:`prefill_state`: the state after ``generate``'s prefill, compiling the prefill alone.
 """
 
 from __future__ import annotations
@@ -272,3 +273,19 @@ def assert_first_three_follow_target(target: TargetLM, params, prompt: list[int]
     stat, df, threshold = chi_square_test(counts, probs, min_expected=20.0)
     assert df >= 5
     assert stat < threshold, f"chi2 {stat:.1f} >= {threshold:.1f} (df {df})"
+
+
+def prefill_state(target, params, prompts, config, drafter, draft_params, seed=0):
+    """The decode state right after the prefill ``generate`` would run (as
+    ``speculative._prepare``: bucketed prompt width, aligned capacity), compiling the prefill
+    program alone: the tests that only inspect the prefilled state need no round loop."""
+    from domino_jax.decode import speculative
+    from domino_jax.kv_cache import align_slots
+
+    prompt, prompt_len = speculative.pad_prompts(prompts)
+    num_drafts = drafter.verify_width - 1
+    capacity = align_slots(speculative.required_capacity(prompt.shape[1], config, num_drafts))
+    key = jax.random.PRNGKey(seed)
+    prefill_fn, _ = speculative.compiled_prefill(target, drafter, config, params, draft_params,
+                                                 prompt, prompt_len, key, capacity)
+    return prefill_fn(params, draft_params, prompt, prompt_len, key)

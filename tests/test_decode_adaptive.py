@@ -17,10 +17,9 @@ import numpy as np
 import pytest
 
 from decode_helpers import (assert_first_three_follow_target, draft_config,
-                            perm_domino_params, perm_target, reference_greedy,
+                            perm_domino_params, perm_target, prefill_state, reference_greedy,
                             tiny_draft)
-from test_decode_greedy import (PI, RAGGED,  # the greedy tests' permutation pair, ragged rows
-                                prefill_state)
+from test_decode_greedy import PI, RAGGED  # the greedy tests' permutation pair, ragged rows
 from test_decode_sampling import PROMPT, V, models  # noqa: F401  (the T > 0 tiny pair)
 from domino_jax.decode import adaptive, speculative
 from domino_jax.decode.adaptive import AdaptiveConfig

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from decode_helpers import (FIXTURE_NAMES, draft_config, fixture_models, perm_domino_params,
-                            perm_target, permutation, reference_greedy, tiny_draft,
-                            zero_backbone_params)
+                            perm_target, permutation, prefill_state, reference_greedy,
+                            tiny_draft, zero_backbone_params)
 from domino_jax.decode import loop, speculative
 from domino_jax.decode.drafters import DominoOptions
 from domino_jax.decode.methods import make_drafter, method_options
@@ -151,21 +151,6 @@ def test_trimmed_block_drafts_from_fewer_slots_and_is_lossless(method, shift, bl
     result = generate(target, params, RAGGED, config, drafter=trimmed, draft_params=dparams)
     assert result.tokens == ref
     assert result.verify_widths == {3: int(result.rounds.max())}
-
-
-def prefill_state(target, params, prompts, config, drafter, draft_params, seed=0):
-    """The decode state right after the prefill ``generate`` would run (as
-    ``speculative._prepare``: bucketed prompt width, aligned capacity), compiling the prefill
-    program alone: the tests that only inspect the prefilled state need no round loop."""
-    from domino_jax.kv_cache import align_slots
-
-    prompt, prompt_len = speculative.pad_prompts(prompts)
-    num_drafts = drafter.verify_width - 1
-    capacity = align_slots(speculative.required_capacity(prompt.shape[1], config, num_drafts))
-    key = jax.random.PRNGKey(seed)
-    prefill_fn, _ = speculative.compiled_prefill(target, drafter, config, params, draft_params,
-                                                 prompt, prompt_len, key, capacity)
-    return prefill_fn(params, draft_params, prompt, prompt_len, key)
 
 
 # ------------------------------------------------------------ stale (rejected) cache slots
