@@ -33,15 +33,9 @@ def _vmapped_chain_graft(tree, branches, found):
     return jax.vmap(lambda t, b, f: graft_branch(t, b, f, 2))(tree, branches, found)
 
 
-def _build_trees(logits, budget):
-    """``build_ddtree`` over a batch of rows, jitted (eager dispatch of its loop is slow)."""
-    return _build_trees_jit(logits, budget)
-
-
-_build_trees_jit = jax.jit(lambda logits, budget: jax.vmap(lambda x: build_ddtree(x, budget))(
+# ``build_ddtree`` over a batch of rows, jitted (eager dispatch of its loop is slow)
+_build_trees = jax.jit(lambda logits, budget: jax.vmap(lambda x: build_ddtree(x, budget))(
     logits), static_argnums=1)
-
-
 
 
 # ------------------------------------------------------------------ the grafted trees
