@@ -455,3 +455,28 @@ def test_head_kernel_switch():
         hk.check_request("pallas", True)
     with pytest.raises(ValueError, match="input table"):
         hk.check_request("reference", False)
+
+
+def test_device_tunings_apply_where_the_plan_takes_them(monkeypatch):
+    """A call naming no tuning gets its device kind's measured blocking (DEVICE_TUNINGS)
+    when the plan takes it for the call's shapes, else the default; a named tuning wins."""
+    _, head, _, _ = _small_head()
+    for kernel, by_device in hk.DEVICE_TUNINGS.items():
+        for tuning in by_device.values():
+            hk.check_tuning(tuning)
+    kind = "NVIDIA test GPU"
+
+    class Device:
+        device_kind = kind
+    monkeypatch.setattr(hk.jax, "devices", lambda *a: [Device()])
+    monkeypatch.setattr(hk, "backend_variant", lambda: "triton")
+    fits, too_wide = hk.KernelTuning(gru_chunk=32), hk.KernelTuning(gru_chunk=2 * G)
+    named = hk.KernelTuning(emb_chunk=16)
+    monkeypatch.setattr(hk, "DEVICE_TUNINGS", {"head": {kind: fits}, "tree": {kind: fits}})
+    assert hk.rollout_kernels("pallas", head, B, V).tuning == fits
+    assert hk.tree_kernels("pallas", head, 6, V, 3, 8).tuning == fits
+    assert hk.rollout_kernels("pallas", head, B, V, tuning=named).tuning == named
+    assert hk.rollout_kernels("auto", head, B, V) is None            # not in MEASURED_FASTER
+    monkeypatch.setattr(hk, "DEVICE_TUNINGS", {"head": {kind: too_wide}, "tree": {}})
+    assert hk.rollout_kernels("pallas", head, B, V).tuning == hk.KernelTuning()
+    assert hk.tree_kernels("pallas", head, 6, V, 3, 8).tuning == hk.KernelTuning()

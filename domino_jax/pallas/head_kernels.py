@@ -49,6 +49,29 @@ from domino_jax.topk import top_k
 # kernel faster end to end (docs/design.md §6); "auto" picks it only there.
 MEASURED_FASTER: dict[str, tuple[str, ...]] = {"head": (), "tree": ()}
 
+# kernel -> device kind -> the blocking a sweep of `benchmarks/bench_tree_build.py
+# --tunings` measured fastest there (docs/design.md §6); a call that names no tuning gets
+# it on that device, the default blocking elsewhere.
+DEVICE_TUNINGS: dict[str, dict[str, KernelTuning]] = {
+    "head": {"NVIDIA H100 80GB HBM3": KernelTuning(split_advance=1)},
+    "tree": {"NVIDIA H100 80GB HBM3": KernelTuning(gru_chunk=32, split_advance=1)},
+}
+
+
+def device_tuning(kernel: str, tuning: KernelTuning | None,
+                  problem: Callable[[str, KernelTuning], str | None]) -> KernelTuning:
+    """``tuning`` when given; else :data:`DEVICE_TUNINGS`' entry for ``kernel`` (``"head"``
+    / ``"tree"``) on this process's first device where ``problem(variant, tuning)`` (why the
+    variant's plan cannot take a tuning for the call's shapes, or ``None``) finds none; else
+    the default blocking."""
+    if tuning is not None:
+        return tuning
+    tuned = DEVICE_TUNINGS[kernel].get(jax.devices()[0].device_kind)
+    variant = backend_variant()
+    if tuned is None or variant is None or problem(variant, tuned) is not None:
+        return KernelTuning()
+    return tuned
+
 
 class HeadKernels(NamedTuple):
     """How the head's steps run (static): the Pallas kernels of ``variant`` (``"triton"`` /
@@ -185,27 +208,34 @@ def _plan_problem(make_plan: Callable[[], Any]) -> str | None:
 
 def rollout_kernels(implementation: str, head, batch: int, vocab: int,
                     tuning: KernelTuning | None = None) -> HeadKernels | None:
-    """:func:`resolve_head_kernels` for the chain rollout of ``batch`` rows."""
+    """:func:`resolve_head_kernels` for the chain rollout of ``batch`` rows (``tuning``
+    ``None``: :func:`device_tuning`'s)."""
     emb_dim, gru_dim = _dims(head)
-    return resolve_head_kernels(implementation, "head", lambda variant: _no_table(head) or (
-        _plan_problem(lambda: hs.plan_step(variant, batch, vocab, emb_dim, gru_dim,
-                                           tuning=tuning))), tuning)
+
+    def problem(variant, tuning):
+        return _no_table(head) or _plan_problem(
+            lambda: hs.plan_step(variant, batch, vocab, emb_dim, gru_dim, tuning=tuning))
+
+    tuning = device_tuning("head", tuning, problem)
+    return resolve_head_kernels(implementation, "head", lambda v: problem(v, tuning), tuning)
 
 
 def tree_kernels(implementation: str, head, budget: int, vocab: int, node_topk: int,
                  topm: int, marginal: bool = False,
                  tuning: KernelTuning | None = None) -> HeadKernels | None:
-    """:func:`resolve_head_kernels` for DominoTree's depth step."""
+    """:func:`resolve_head_kernels` for DominoTree's depth step (``tuning`` ``None``:
+    :func:`device_tuning`'s)."""
     emb_dim, gru_dim = _dims(head)
 
-    def unsupported(variant):
+    def problem(variant, tuning):
         if marginal:
             return "the marginal control has no GRU (nothing to fuse)"
         return _no_table(head) or _plan_problem(      # the plan checks the shapes too
             lambda: ts.plan_tree_step(variant, budget, vocab, emb_dim, gru_dim,
                                       min(node_topk, vocab), min(topm, vocab), tuning))
 
-    return resolve_head_kernels(implementation, "tree", unsupported, tuning)
+    tuning = device_tuning("tree", tuning, problem)
+    return resolve_head_kernels(implementation, "tree", lambda v: problem(v, tuning), tuning)
 
 
 def _rows(x: jax.Array, rows: int) -> jax.Array:
