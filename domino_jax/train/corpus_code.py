@@ -15,7 +15,6 @@ operator, a small constant or a returned boolean).
 from __future__ import annotations
 
 import ast
-import copy
 import dataclasses
 import os
 import random
@@ -144,27 +143,22 @@ def inject_bug(source: str, rng: random.Random) -> str | None:
         return None
     original = ast.unparse(tree)
     node, what, index = rng.choice(sites)
-    mutated_tree = copy.deepcopy(tree)
-    target = _same_node(tree, mutated_tree, node)
+    # The tree is mutated in place: it is this call's own parse and ``original`` is taken.
+    # Every mutation assigns a field of a node of its own (a Compare, BinOp, BoolOp,
+    # Constant or the parent of a ``not``), never one of the operator singletons that
+    # parses share.
     if what == "cmp":
-        target.ops[index] = _SWAPS[type(target.ops[index])]()
+        node.ops[index] = _SWAPS[type(node.ops[index])]()
     elif what == "op":
-        target.op = _SWAPS[type(target.op)]()
+        node.op = _SWAPS[type(node.op)]()
     elif what == "int":
-        target.value += 1
+        node.value += 1
     elif what == "ret":
-        target.value.value = not target.value.value
+        node.value.value = not node.value.value
     else:
-        _replace_node(mutated_tree, target, target.operand)
-    buggy = ast.unparse(mutated_tree)
+        _replace_node(tree, node, node.operand)
+    buggy = ast.unparse(tree)
     return buggy + "\n" if buggy != original else None
-
-
-def _same_node(tree, twin, node):
-    for a, b in zip(ast.walk(tree), ast.walk(twin)):
-        if a is node:
-            return b
-    raise AssertionError("node not in tree")
 
 
 def _replace_node(tree, old, new) -> None:
@@ -189,7 +183,7 @@ def _block(code: str) -> str:
 def _what(fn: Function, rng: random.Random) -> str:
     kind = "method" if fn.is_method else "function"
     return rng.choice([f"this {kind}", f"this Python {kind}", f"the following {kind}",
-                       f"`{fn.qualname}` from the `{fn.module}` module", f"this code"])
+                       f"`{fn.qualname}` from the `{fn.module}` module", "this code"])
 
 
 def _first_paragraph(doc: str) -> str:
