@@ -46,7 +46,7 @@ import numpy as np
 from domino_jax.console import add_verbose_flag, setup_logging
 from domino_jax.train import corpus_chat, corpus_code, corpus_math, corpus_text
 from domino_jax.train.corpus_dedup import (BenchmarkFilter, NearDuplicateIndex, iter_jsonl,
-                                           prompt_id)
+                                           normalise, normalised_id, words_of)
 
 log = logging.getLogger(__name__)
 
@@ -165,13 +165,15 @@ class _Filters:
     def _accept(self, prompt: str, source: str) -> str | None:
         if not MIN_CHARS <= len(prompt) <= MAX_CHARS:
             return self._reject("length", source)
-        pid = prompt_id(prompt)
+        normalised = normalise(prompt)
+        pid = normalised_id(normalised)
         if pid in self.ids:
             return self._reject("exact_duplicate", source)
-        reason = self.benchmark.reason(prompt)
+        words = words_of(normalised)
+        reason = self.benchmark.reason_words(words)
         if reason is not None:
             return self._reject(reason, source)
-        if self.near.add(prompt) is not None:
+        if self.near.add_words(words) is not None:
             return self._reject("near_duplicate", source)
         self.ids.add(pid)
         return pid

@@ -5,7 +5,7 @@
 * :class:`NearDuplicateIndex`: word 5-gram shingles, a 100-value MinHash signature, LSH in
   20 bands of 5 rows, candidates confirmed with the *exact* shingle Jaccard; a prompt whose
   Jaccard with any kept prompt is >= ``threshold`` (default 0.8) is a near-duplicate.
-  Streaming and greedy (the first of a near-duplicate pair is kept); ~40 us per prompt.
+  Streaming and greedy (the first of a near-duplicate pair is kept).
 * :class:`BenchmarkFilter`: drops prompts that share a word ``n``-gram (default 8) with any
   text of the ``--exclude`` files, or that contain a fingerprint of a public benchmark item
   (:data:`BENCHMARK_FINGERPRINTS`). Fingerprints match on the word sequence of the normalised
@@ -34,39 +34,56 @@ _QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": 
 
 def normalise(text: str) -> str:
     """NFKC, typographic quotes/dashes to ASCII, lower case, whitespace runs to one space."""
-    text = unicodedata.normalize("NFKC", text).translate(_QUOTES).lower()
-    return " ".join(text.split())
+    text = unicodedata.normalize("NFKC", text)
+    if not text.isascii():                   # the quotes and dashes to map are not ASCII
+        text = text.translate(_QUOTES)
+    return " ".join(text.lower().split())
 
 
 def prompt_id(text: str) -> str:
     """16 hex digits: sha256 of :func:`normalise` (text)."""
-    return hashlib.sha256(normalise(text).encode("utf-8")).hexdigest()[:16]
+    return normalised_id(normalise(text))
+
+
+def normalised_id(normalised: str) -> str:
+    """:func:`prompt_id` of a text whose :func:`normalise` is ``normalised``."""
+    return hashlib.sha256(normalised.encode("utf-8")).hexdigest()[:16]
 
 
 def words_of(normalised: str) -> list[str]:
     return _WORD.findall(normalised)
 
 
-_WORD_IDS: dict[str, int] = {}
+class _WordHashes(dict):
+    """word -> its stable hash (crc32 + 1), computed on first look-up and kept."""
+
+    def __missing__(self, word: str) -> int:
+        h = self[word] = zlib.crc32(word.encode("utf-8")) + 1
+        return h
+
+
+_WORD_IDS = _WordHashes()
 
 
 def word_hashes(words: Sequence[str]) -> np.ndarray:
     """``uint64 [len(words)]`` stable per-word hashes (crc32, cached)."""
-    ids = _WORD_IDS
-    out = np.empty(len(words), np.uint64)
-    for i, w in enumerate(words):
-        h = ids.get(w)
-        if h is None:
-            h = ids[w] = zlib.crc32(w.encode("utf-8")) + 1
-        out[i] = h
-    return out
+    return np.fromiter(map(_WORD_IDS.__getitem__, words), np.uint64, len(words))
 
 
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser on a uint64 array (wrapping arithmetic)."""
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix64_inplace(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser (wrapping arithmetic) written over ``x``, a uint64 array the
+    caller owns; returns ``x``."""
+    x ^= x >> _S30
+    x *= _MIX1
+    x ^= x >> _S27
+    x *= _MIX2
+    x ^= x >> _S31
+    return x
 
 
 def ngram_hashes(hashes: np.ndarray, n: int) -> np.ndarray:
@@ -76,9 +93,11 @@ def ngram_hashes(hashes: np.ndarray, n: int) -> np.ndarray:
         return hashes
     n = min(n, len(hashes))
     m = len(hashes) - n + 1
-    out = _mix64(hashes[:m].copy())
+    out = _mix64_inplace(hashes[:m].copy())
     for j in range(1, n):
-        out = _mix64(out * np.uint64(0x9E3779B97F4A7C15) + hashes[j:j + m])
+        out *= _GOLDEN
+        out += hashes[j:j + m]
+        _mix64_inplace(out)
     return out
 
 
@@ -94,7 +113,10 @@ class NearDuplicateIndex:
         self.threshold, self.shingle, self.bands, self.rows = threshold, shingle, bands, rows
         rng = np.random.default_rng(seed)
         self._seeds = rng.integers(0, 2 ** 63, size=bands * rows, dtype=np.uint64)
-        self._buckets: list[dict[bytes, list[int]]] = [{} for _ in range(bands)]
+        # band -> {band key: the kept prompts with that key, in the order they were kept}: an
+        # int for a single prompt (most keys), a list from the second on (fewer objects
+        # for the garbage collector to walk)
+        self._buckets: list[dict[bytes, int | list[int]]] = [{} for _ in range(bands)]
         self._shingles: list[np.ndarray] = []
 
     def __len__(self) -> int:
@@ -102,20 +124,28 @@ class NearDuplicateIndex:
 
     def shingles(self, text: str) -> np.ndarray:
         """Sorted unique shingle hashes of ``text``."""
-        return np.unique(ngram_hashes(word_hashes(words_of(normalise(text))), self.shingle))
+        return self.shingles_of_words(words_of(normalise(text)))
+
+    def shingles_of_words(self, words: Sequence[str]) -> np.ndarray:
+        """:meth:`shingles` of a text whose normalised words are ``words``."""
+        return np.unique(ngram_hashes(word_hashes(words), self.shingle))
 
     def _signature(self, shingles: np.ndarray) -> np.ndarray:
         if len(shingles) == 0:
             return np.zeros(len(self._seeds), np.uint64)
-        return _mix64(shingles[:, None] ^ self._seeds[None, :]).min(axis=0)
+        return _mix64_inplace(shingles[:, None] ^ self._seeds[None, :]).min(axis=0)
 
     def _band_keys(self, signature: np.ndarray) -> list[bytes]:
-        return [signature[b * self.rows:(b + 1) * self.rows].tobytes() for b in range(self.bands)]
+        raw, width = signature.tobytes(), self.rows * signature.itemsize
+        return [raw[b * width:(b + 1) * width] for b in range(self.bands)]
 
     def _match(self, shingles: np.ndarray, keys: list[bytes]) -> int | None:
         seen: set[int] = set()
-        for band, key in enumerate(keys):
-            for j in self._buckets[band].get(key, ()):
+        for bucket, key in zip(self._buckets, keys):
+            kept = bucket.get(key)
+            if kept is None:
+                continue
+            for j in kept if isinstance(kept, list) else (kept,):
                 if j in seen:
                     continue
                 seen.add(j)
@@ -128,14 +158,24 @@ class NearDuplicateIndex:
         return self._match(shingles, self._band_keys(self._signature(shingles)))
 
     def add(self, text: str) -> int | None:
-        shingles = self.shingles(text)
+        return self.add_words(words_of(normalise(text)))
+
+    def add_words(self, words: Sequence[str]) -> int | None:
+        """:meth:`add` for a text whose normalised words are ``words``."""
+        shingles = self.shingles_of_words(words)
         keys = self._band_keys(self._signature(shingles))
         match = self._match(shingles, keys)
         if match is None:
             index = len(self._shingles)
             self._shingles.append(shingles)
-            for band, key in enumerate(keys):
-                self._buckets[band].setdefault(key, []).append(index)
+            for bucket, key in zip(self._buckets, keys):
+                kept = bucket.get(key)
+                if kept is None:
+                    bucket[key] = index
+                elif isinstance(kept, list):
+                    kept.append(index)
+                else:
+                    bucket[key] = [kept, index]
         return match
 
 
@@ -143,7 +183,13 @@ def jaccard(a: np.ndarray, b: np.ndarray) -> float:
     """Jaccard similarity of two sorted unique uint64 arrays (1.0 for two empty sets)."""
     if len(a) == 0 and len(b) == 0:
         return 1.0
-    inter = len(np.intersect1d(a, b, assume_unique=True))
+    if len(a) > len(b):
+        a, b = b, a
+    inter = 0
+    if len(a):                               # each of a's values looked up among b's
+        at = np.searchsorted(b, a)
+        at[at == len(b)] = 0
+        inter = int(np.count_nonzero(b[at] == a))
     return inter / (len(a) + len(b) - inter)
 
 
@@ -337,7 +383,10 @@ class BenchmarkFilter:
                 self._anchors.setdefault(fp[:2], []).append((fp, bench))
 
     def reason(self, text: str) -> str | None:
-        words = words_of(normalise(text))
+        return self.reason_words(words_of(normalise(text)))
+
+    def reason_words(self, words: Sequence[str]) -> str | None:
+        """:meth:`reason` for a text whose normalised words are ``words``."""
         if self._anchors:
             joined = None
             for bigram in set(zip(words, words[1:])) & self._anchors.keys():
