@@ -22,6 +22,8 @@ import sysconfig
 import textwrap
 from typing import Iterator
 
+from domino_jax.train import corpus_parse
+
 SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__",
              "lib2to3", "turtledemo", "ensurepip", "_vendor", "vendored", "third_party"}
 MAX_LINES, MIN_LINES, MAX_CHARS = 30, 4, 1400
@@ -56,29 +58,32 @@ def iter_functions(roots: list[tuple[str, str]] | None = None, rng: random.Rando
                    ) -> Iterator[Function]:
     """Functions and methods of ``MIN_LINES..MAX_LINES`` lines in the ``.py`` files under
     ``roots`` (``(package prefix, folder)`` pairs; default: the running Python's stdlib, no
-    prefix). Files in sorted order, or shuffled by ``rng`` (each file is parsed only when the
-    iteration reaches it)."""
+    prefix). Files in sorted order, or shuffled by ``rng`` (each file is read only when the
+    iteration reaches it, and parsed once per process: :mod:`corpus_parse`)."""
     roots = roots or [("", sysconfig.get_paths()["stdlib"])]
     paths = [(prefix, root, path) for prefix, root in roots for path in python_files(root)]
     if rng is not None:
         rng.shuffle(paths)
     for prefix, root, path in paths:
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-            tree = ast.parse(text)
-        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        found = corpus_parse.facts(path, "functions")
+        if found is None:
             continue
-        lines = text.splitlines()
         module = module_name(root, path)
         module = f"{prefix}.{module}" if prefix and module else (prefix or module)
-        functions = list(_functions_in(tree, lines, module))
+        functions = [Function(module, *fields) for fields in found]
         if rng is not None:
             rng.shuffle(functions)
         yield from functions
 
 
-def _functions_in(tree: ast.Module, lines: list[str], module: str) -> Iterator[Function]:
+@corpus_parse.extractor("functions")
+def _file_functions(text: str, tree: ast.Module) -> tuple[tuple, ...]:
+    """A file's functions in :func:`iter_functions`' order, each as the fields of its
+    :class:`Function` after ``module`` (which depends on the root the file is listed under)."""
+    return tuple(_functions_in(tree, text.splitlines()))
+
+
+def _functions_in(tree: ast.Module, lines: list[str]) -> Iterator[tuple]:
     stack: list[tuple[ast.AST, str]] = [(tree, "")]
     while stack:
         node, prefix = stack.pop(0)
@@ -86,12 +91,13 @@ def _functions_in(tree: ast.Module, lines: list[str], module: str) -> Iterator[F
             if isinstance(child, ast.ClassDef):
                 stack.append((child, f"{prefix}{child.name}."))
             elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                fn = _function(child, lines, module, prefix, isinstance(node, ast.ClassDef))
-                if fn is not None:
-                    yield fn
+                fields = _function(child, lines, prefix, isinstance(node, ast.ClassDef))
+                if fields is not None:
+                    yield fields
 
 
-def _function(node, lines, module, prefix, is_method) -> Function | None:
+def _function(node, lines, prefix, is_method) -> tuple | None:
+    """:class:`Function` fields after ``module`` for a def of the right size, else None."""
     first = min([node.lineno] + [d.lineno for d in node.decorator_list])
     n = node.end_lineno - first + 1
     if not MIN_LINES <= n <= MAX_LINES or node.name.startswith("test"):
@@ -104,8 +110,8 @@ def _function(node, lines, module, prefix, is_method) -> Function | None:
     body0 = node.body[0]
     if doc and isinstance(body0, ast.Expr):
         doc_lines = (body0.lineno - first, body0.end_lineno - first)
-    return Function(module, prefix + node.name, source, doc,
-                    f"{node.name}({ast.unparse(node.args)})", is_method, doc_lines)
+    return (prefix + node.name, source, doc, f"{node.name}({ast.unparse(node.args)})",
+            is_method, doc_lines)
 
 
 # ---------------------------------------------------------------- bug injection

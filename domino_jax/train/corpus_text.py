@@ -23,6 +23,7 @@ import re
 import sysconfig
 from typing import Iterator
 
+from domino_jax.train import corpus_parse
 from domino_jax.train.corpus_code import python_files
 from domino_jax.train.corpus_math import NAMES
 
@@ -99,23 +100,25 @@ def comment_blocks(text: str) -> list[str]:
 
 def file_documents(path: str) -> list[list[str]]:
     """Prose paragraphs of each docstring (module, class, function) of one ``.py`` file,
-    and its prose comment blocks as one more document."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        tree = ast.parse(text)
-    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
-        return []
+    and its prose comment blocks as one more document ([] for a file that does not parse).
+    The file is parsed once per process (:mod:`corpus_parse`)."""
+    documents = corpus_parse.facts(path, "documents")
+    return [] if documents is None else [list(d) for d in documents]
+
+
+@corpus_parse.extractor("documents")
+def _file_documents(text: str, tree: ast.Module) -> tuple[tuple[str, ...], ...]:
+    """:func:`file_documents` of a file with this text and tree."""
     out = []
     for node in [tree, *_docstring_nodes(tree.body)]:
         doc = ast.get_docstring(node)
         paragraphs = prose_paragraphs(doc) if doc else []
         if paragraphs:
-            out.append(paragraphs)
+            out.append(tuple(paragraphs))
     comments = prose_paragraphs("\n\n".join(comment_blocks(text)))
     if comments:
-        out.append(comments)
-    return out
+        out.append(tuple(comments))
+    return tuple(out)
 
 
 class TextPool:
