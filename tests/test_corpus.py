@@ -1,6 +1,7 @@
 """The offline prompt corpus (domino_jax.train.corpus): distinctness, mix, determinism, the
 held-out split (never a near-duplicate of training), benchmark exclusion, record format,
-prompt lengths, and the self-instruct add-on with a tiny random target."""
+prompt lengths, the per-process parse of source files, and the self-instruct add-on with a
+tiny random target."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ import numpy as np
 import pytest
 
 from domino_jax.train import corpus as corpus_mod
+from domino_jax.train import corpus_parse
 from domino_jax.train.corpus import (DEFAULT_MIX, KINDS, RECORD_KEYS, Source, build_corpus,
                                      is_heldout, main, parse_mix, read_corpus)
 from domino_jax.train.corpus_code import inject_bug, iter_functions
+from domino_jax.train.corpus_text import file_documents
 from domino_jax.train.corpus_dedup import (BenchmarkFilter, NearDuplicateIndex, jaccard,
                                            normalise, prompt_id)
 
@@ -167,6 +170,45 @@ def test_exclusion_files_and_fingerprints(tmp_path):
     assert exclusion["fingerprint_hits"] == {"humaneval": 1, "gsm8k": 1}
     assert exclusion["exclude_texts_too_short"] == 3 * 4 + 1      # "42", "x", "y"; "ab cd"
     assert [f["texts"] for f in exclusion["exclude_files"]] == [16, 4]
+
+
+_MODULE = '''"""A module docstring long enough to read as prose, with more than eighteen words in
+one paragraph, so that the text pool keeps it as a document."""
+
+
+def first(values):
+    """The first item of a list, or None for an empty one."""
+    if not values:
+        return None
+    return values[0]
+'''
+
+
+def test_parse_cache_parses_each_file_once(tmp_path, monkeypatch):
+    """Functions and documents of a file come from one parse, kept until the file changes; a
+    file that does not parse gives neither; a cold cache reads what a warm one does."""
+    monkeypatch.setattr(corpus_parse, "_FACTS", {})
+    parses = []
+    real_parse = corpus_parse._parse
+    monkeypatch.setattr(corpus_parse, "_parse",
+                        lambda path, known: parses.append(path) or real_parse(path, known))
+    path = tmp_path / "mod.py"
+    path.write_text(_MODULE)
+    (tmp_path / "broken.py").write_text("def broken(:\n    pass\n")
+    roots = [("pkg", str(tmp_path))]
+    functions = list(iter_functions(roots))
+    documents = file_documents(str(path))
+    assert [(f.module, f.qualname, f.docstring) for f in functions] == [
+        ("pkg.mod", "first", "The first item of a list, or None for an empty one.")]
+    assert len(documents) == 1 and documents[0][0].startswith("A module docstring")
+    assert list(iter_functions(roots)) == functions and file_documents(str(path)) == documents
+    assert file_documents(str(tmp_path / "broken.py")) == []
+    assert sorted(os.path.basename(p) for p in parses) == ["broken.py", "mod.py"]
+    path.write_text(_MODULE.replace("return values[0]", "return values[0] if values else None"))
+    edited = list(iter_functions(roots))              # a new size: parsed again
+    assert "if values else None" in edited[0].source and len(parses) == 3
+    corpus_parse._FACTS.clear()
+    assert list(iter_functions(roots)) == edited and file_documents(str(path)) == documents
 
 
 def test_bug_injection_changes_code_and_parses():
