@@ -24,9 +24,15 @@ TARGET = TargetConfig("qwen3", vocab_size=64, hidden_size=32, num_layers=2, num_
 SMALL = dict(draft_layers=1, block_size=4, gru_hidden_dim=16, emb_dim=8)
 
 
+def init_target_params():
+    """The tiny target's params, initialised as one program (op by op it compiles each of
+    its ~90 small ops)."""
+    return jax.jit(lambda k: init_params(TARGET, k))(jax.random.PRNGKey(0))
+
+
 @pytest.fixture(scope="module")
 def target_params():
-    return init_params(TARGET, jax.random.PRNGKey(0))
+    return init_target_params()
 
 
 def synthetic_examples(num: int = 32, seed: int = 0, prompt_len: int = 8, resp_len: int = 40):
@@ -112,16 +118,38 @@ def test_labels_and_weights_table(drafter):
                 assert int(labels[0, j, k]) == 100 + pos
 
 
-@pytest.mark.parametrize("drafter", ["dflash", "domino"])
-def test_loss_falls_on_tiny_task(drafter, target_params, tmp_path):
+# the tiny task's run: 30 steps; the resume test reruns the Domino one interrupted (the
+# checkpoint cadence is not part of the compiled step: all of a drafter's runs share one)
+TINY_TASK = dict(steps=30, batch_size=8, max_length=48, num_anchors=16, lr=3e-2,
+                 warmup_ratio=0.05, compute_dtype="float32", log_every=1, checkpoint_every=1000)
+
+
+def tiny_task_run(drafter: str, target_params, out, **kw):
     from domino_jax.train.loop import train
 
-    cfg = TrainConfig(drafter=drafter, steps=30, batch_size=8, max_length=48, num_anchors=16,
-                      lr=3e-2, warmup_ratio=0.05, compute_dtype="float32", log_every=1,
-                      checkpoint_every=1000)
-    result = train(cfg, None, None, str(tmp_path), examples=synthetic_examples(),
-                   target=TargetLM(TARGET), target_params=target_params, export=False,
-                   progress=False, **SMALL)
+    cfg = TrainConfig(drafter=drafter, **dict(TINY_TASK, **kw.pop("cfg", {})))
+    return train(cfg, None, None, str(out), examples=synthetic_examples(),
+                 target=TargetLM(TARGET), target_params=target_params, export=False,
+                 progress=False, **SMALL, **kw)
+
+
+@pytest.fixture(scope="module")
+def tiny_task_runs(target_params, tmp_path_factory):
+    """``drafter -> TrainResult`` of the uninterrupted tiny-task run, each trained once."""
+    runs: dict = {}
+
+    def get(drafter: str):
+        if drafter not in runs:
+            runs[drafter] = tiny_task_run(drafter, target_params,
+                                          tmp_path_factory.mktemp(f"tiny_{drafter}"))
+        return runs[drafter]
+
+    return get
+
+
+@pytest.mark.parametrize("drafter", ["dflash", "domino"])
+def test_loss_falls_on_tiny_task(drafter, tiny_task_runs):
+    result = tiny_task_runs(drafter)
     losses = [h["loss"] for h in result.history]
     first, last = np.mean(losses[:3]), np.mean(losses[-3:])
     assert last < 0.7 * first, (first, last)
@@ -130,19 +158,16 @@ def test_loss_falls_on_tiny_task(drafter, target_params, tmp_path):
         assert lams[0] == pytest.approx(1 - 1 / 30) and lams[-1] == pytest.approx(0.0)
 
 
-def test_resume_gives_identical_steps(target_params, tmp_path):
-    from domino_jax.train.loop import train
-
-    cfg = TrainConfig(drafter="domino", steps=4, batch_size=4, max_length=48, num_anchors=8,
-                      lr=3e-3, compute_dtype="float32", log_every=1, checkpoint_every=2)
-    common = dict(examples=synthetic_examples(16), target=TargetLM(TARGET),
-                  target_params=target_params, export=False, progress=False, **SMALL)
-    full = train(cfg, None, None, str(tmp_path / "full"), **common)
-    train(cfg, None, None, str(tmp_path / "cut"), stop_after=2, **common)
-    resumed = train(cfg, None, None, str(tmp_path / "cut"), resume=True, **common)
+def test_resume_gives_identical_steps(tiny_task_runs, target_params, tmp_path):
+    """The Domino tiny-task run interrupted after step 20 (checkpoints every 10 steps) and
+    resumed: steps 21..30 and the final params equal the uninterrupted run's."""
+    full = tiny_task_runs("domino")
+    cut = dict(cfg=dict(checkpoint_every=10))
+    tiny_task_run("domino", target_params, tmp_path, stop_after=20, **cut)
+    resumed = tiny_task_run("domino", target_params, tmp_path, resume=True, **cut)
     by_step = {h["step"]: h["loss"] for h in full.history}
+    assert [h["step"] for h in resumed.history] == list(range(21, 31))
     for h in resumed.history:
-        assert h["step"] in (3, 4)
         assert h["loss"] == pytest.approx(by_step[h["step"]], rel=1e-6, abs=1e-7)
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
                            full.params, resumed.params)
@@ -154,7 +179,8 @@ def test_export_load_identical_logits(target_params, tmp_path):
     from domino_jax.train.loss import init_draft_params
 
     config = make_draft_config(TARGET, "domino", 1, 4, 16, 8)
-    params = init_draft_params(config, jax.random.PRNGKey(5), True, target_params)
+    params = jax.jit(lambda t: init_draft_params(config, jax.random.PRNGKey(5), True, t))(
+        target_params)
     export_trained_draft(config, params, str(tmp_path))
     loaded_config, loaded = load_trained_draft(str(tmp_path), jnp.float32)
     assert loaded_config == config
@@ -167,7 +193,8 @@ def test_export_load_identical_logits(target_params, tmp_path):
     ctx_pos = jnp.broadcast_to(jnp.arange(5), (2, 5))
     blk_pos = 5 + jnp.broadcast_to(jnp.arange(4), (2, 4))
     lens = jnp.asarray([5, 3])
-    run = lambda p: model.apply({"params": p["backbone"]}, feats, ctx_pos, lens, blk, blk_pos)[0]
+    run = jax.jit(lambda p: model.apply({"params": p["backbone"]}, feats, ctx_pos, lens, blk,
+                                        blk_pos)[0])           # one program for both trees
     np.testing.assert_array_equal(np.asarray(run(params)), np.asarray(run(loaded)))
 
 
@@ -232,9 +259,9 @@ def sharded_child() -> None:
 
     assert len(jax.devices()) == 8
     target = TargetLM(TARGET, dtype=jnp.float32, param_dtype=jnp.float32)
-    tparams = init_params(TARGET, jax.random.PRNGKey(0))
+    tparams = init_target_params()
     config = make_draft_config(TARGET, "dflash", 1, 4)
-    params = init_draft_params(config, jax.random.PRNGKey(1), True, tparams)
+    params = jax.jit(lambda t: init_draft_params(config, jax.random.PRNGKey(1), True, t))(tparams)
     batch = data_lib.batch_for_step(synthetic_examples(16), 0, 8, 2, 48)
     results = []
     for mesh_shape, shard in (((1, 1, 1), False), ((2, 2, 2), True)):
@@ -256,8 +283,9 @@ def sharded_child() -> None:
 
 
 def test_sharded_step_equals_single_device():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")
+    # the simulated devices, and this process's XLA flags (tests/conftest.py's cheap compile)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join((
+        "--xla_force_host_platform_device_count=8", os.environ.get("XLA_FLAGS", ""))))
     code = "import tests.test_train as t; t.sharded_child()"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True,
