@@ -79,8 +79,9 @@ def free_port() -> int:
 def launch(out, num_processes: int, resume: bool = False, die: dict | None = None,
            devices: int = 2) -> list[subprocess.Popen]:
     """Start the processes of one run (``die``: ``{process_id: step}`` to crash after)."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    # the simulated devices, and this process's XLA flags (tests/conftest.py's cheap compile)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, XLA_FLAGS=" ".join((
+        f"--xla_force_host_platform_device_count={devices}", os.environ.get("XLA_FLAGS", ""))))
     port = free_port()
     procs = []
     for pid in range(num_processes):
