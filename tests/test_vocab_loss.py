@@ -37,24 +37,38 @@ def _batch(seed=0, batch=2, seq=24):
             "loss_mask": jnp.asarray(mask)}
 
 
-def _loss_and_grads(model, tparams, config, params, labels_weight, chunk_rows):
-    fn = functools.partial(draft_loss, target=model, config=config, num_anchors=6, gamma=3.0,
-                           compute_dtype=jnp.float32, soft_weight=labels_weight,
-                           chunk_rows=chunk_rows)
-    grad = jax.jit(jax.value_and_grad(fn, has_aux=True))
-    (loss, metrics), grads = grad(params, tparams, _batch(), jax.random.PRNGKey(3),
-                                  jnp.float32(0.4))
-    return loss, metrics, grads
+CASES = [("domino", 0.0), ("domino", 1.0), ("domino", 0.5), ("dflash", 0.0)]
 
 
-@pytest.mark.parametrize("drafter,soft_weight", [("domino", 0.0), ("domino", 1.0),
-                                                 ("domino", 0.5), ("dflash", 0.0)])
-def test_chunked_loss_equals_whole_logits(target, drafter, soft_weight):
+@pytest.fixture(scope="module")
+def losses(target):
+    """``(drafter, soft_weight) -> (whole, chunked)``, each ``(loss, metrics, grads)`` of
+    :data:`CASES`: whole logits, and in chunks of 5 rows (48 rows: the last chunk is
+    padded). Every case in one program with the drafters' init: one compile, and XLA
+    computes what the cases share (the target forward, a drafter's forward) once."""
     model, tparams = target
-    config = make_draft_config(TARGET, drafter, 1, 4, 16, 8)
-    params = jax.jit(lambda k: init_draft_params(config, k, False))(jax.random.PRNGKey(1))
-    whole = _loss_and_grads(model, tparams, config, params, soft_weight, 0)
-    chunked = _loss_and_grads(model, tparams, config, params, soft_weight, 5)  # 48 rows: pads
+
+    def case(drafter, soft_weight, key, tparams, batch, anchor_key, lam):
+        config = make_draft_config(TARGET, drafter, 1, 4, 16, 8)
+        params = init_draft_params(config, key, False)
+        out = []
+        for chunk_rows in (0, 5):
+            fn = functools.partial(draft_loss, target=model, config=config, num_anchors=6,
+                                   gamma=3.0, compute_dtype=jnp.float32,
+                                   soft_weight=soft_weight, chunk_rows=chunk_rows)
+            (loss, metrics), grads = jax.value_and_grad(fn, has_aux=True)(
+                params, tparams, batch, anchor_key, lam)
+            out.append((loss, metrics, grads))
+        return out
+
+    run = jax.jit(lambda *args: [case(d, w, *args) for d, w in CASES])
+    out = run(jax.random.PRNGKey(1), tparams, _batch(), jax.random.PRNGKey(3), jnp.float32(0.4))
+    return dict(zip(CASES, out))
+
+
+@pytest.mark.parametrize("drafter,soft_weight", CASES)
+def test_chunked_loss_equals_whole_logits(losses, drafter, soft_weight):
+    whole, chunked = losses[drafter, soft_weight]
     np.testing.assert_allclose(chunked[0], whole[0], rtol=1e-5)
     assert set(chunked[1]) == set(whole[1])
     for k in whole[1]:
@@ -78,7 +92,7 @@ def test_row_losses_match_a_direct_computation():
                        jnp.asarray(rng.integers(0, vocab, rows), jnp.int32),
                        jnp.asarray(rng.normal(size=(rows, emb)), jnp.float32),
                        jnp.asarray(np.arange(rows) % 3 != 0))
-    out = row_losses(inputs, lambda h: h @ w_lm, w2, 0.0, chunk_rows=4)
+    out = jax.jit(lambda x: row_losses(x, lambda h: h @ w_lm, w2, 0.0, chunk_rows=4))(inputs)
     base = np.asarray(inputs.hidden) @ np.asarray(w_lm)
     final = base + np.where(np.asarray(inputs.corrected)[:, None],
                             np.asarray(inputs.features) @ np.asarray(w2), 0.0)
