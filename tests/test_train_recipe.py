@@ -5,7 +5,6 @@ default (no learned mask) and the export warning. Tiny random models, CPU, float
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -42,21 +41,6 @@ def text_examples(num: int, length: int, seed: int = 0, vocab: int = 64) -> list
         ids = ((start + 3 * np.arange(length)) % vocab).astype(np.int32)
         out.append({"input_ids": ids, "loss_mask": np.ones(length, np.int32)})
     return out
-
-
-@functools.lru_cache(maxsize=None)
-def _jitted(fn, **static):
-    return jax.jit(functools.partial(fn, compute_dtype=jnp.float32, **static))
-
-
-def jit_block_outputs(params, tparams, ids, mask, anchors, keep, **static):
-    """:func:`block_outputs` jitted once per static setting (op-by-op is slow on the CPU)."""
-    return _jitted(block_outputs, **static)(params, tparams, jnp.asarray(ids),
-                                            jnp.asarray(mask), anchors, keep)
-
-
-def jit_draft_loss(params, tparams, batch, key, lam, **static):
-    return _jitted(draft_loss, **static)(params, tparams, batch, key, jnp.float32(lam))
 
 
 def jit_init(config, learned_mask=False, tparams=None, rule="none"):
@@ -116,24 +100,23 @@ def hf_tiny(hf_checkpoints, float32_target):
 # no-shift slots (DFlash) with pure soft labels; shifted Domino slots with a mix (no-shift
 # Domino: the alignment test below)
 CASES = [("dflash", False, 1.0), ("domino", True, 0.25)]
+SOFT_SEQ = 20
 
 
-@pytest.mark.parametrize("drafter,shift,soft_weight", CASES)
-def test_soft_labels_match_torch(hf_tiny, drafter, shift, soft_weight):
-    """The soft label of every trained block slot is torch's next-token distribution from
-    the row before the slot's label position; on the target's own greedy continuation its
-    argmax is the data token (a one-row shift would break this); loss_base / loss_final
-    equal the numpy KL (soft, ``soft_weight`` 1) and (1-w) CE + w KL (mix) of the drafter's
-    logits, and loss = (1 - lambda) loss_final + lambda loss_base."""
+@pytest.fixture(scope="module")
+def soft_label_cases(hf_tiny):
+    """Two rows ``ids`` (0: a prompt and the target's greedy continuation in torch, the
+    prompt masked; 1: random text, padded), torch's log-probs of them, and per case of
+    :data:`CASES` the anchors, :func:`block_outputs` (soft labels) and :func:`draft_loss`
+    metrics (lambda 0.4) of a fresh drafter: every case in one program (one compile; the
+    target forward they share computed once)."""
     import torch
 
     from tests.conftest import hf_forward
 
     model, tconfig, tparams, target = hf_tiny
-    config = make_draft_config(tconfig, drafter, 1, 4, 16, 8, shift_label=shift)
-    params = jit_init(config)
     rng = np.random.default_rng(2)
-    seq = 20
+    seq = SOFT_SEQ
     with torch.no_grad():                             # row 0: prompt + greedy response
         greedy = model.generate(torch.as_tensor(rng.integers(0, 128, (1, 5))),
                                 max_new_tokens=seq - 5, min_new_tokens=seq - 5,
@@ -142,11 +125,38 @@ def test_soft_labels_match_torch(hf_tiny, drafter, shift, soft_weight):
     mask = np.ones((2, seq), np.int32)
     mask[0, :5] = 0                                   # the prompt
     mask[1, 15:] = 0                                  # row 1: random text, padded
-    key = jax.random.PRNGKey(7)
-    anchors, keep = sample_anchors(key, jnp.asarray(mask), 6)
-    out = jit_block_outputs(params, tparams, ids, mask, anchors, keep, target=target,
-                            config=config, gamma=3.0, soft=True)
-    torch_logp = _log_softmax(hf_forward(model, ids)[0])           # [2, S, V]
+    configs = {case: make_draft_config(tconfig, case[0], 1, 4, 16, 8, shift_label=case[1])
+               for case in CASES}
+
+    def run(init_key, tparams, ids, mask, key):
+        out = {}
+        for case, config in configs.items():
+            static = dict(target=target, config=config, gamma=3.0, compute_dtype=jnp.float32)
+            params = init_draft_params(config, init_key, False)
+            anchors, keep = sample_anchors(key, mask, 6)
+            blocks = block_outputs(params, tparams, ids, mask, anchors, keep, soft=True,
+                                   **static)
+            _, metrics = draft_loss(params, tparams, {"input_ids": ids, "loss_mask": mask},
+                                    key, jnp.float32(0.4), num_anchors=6,
+                                    soft_weight=case[2], **static)
+            out[case] = (anchors, blocks, metrics)
+        return out
+
+    outs = jax.jit(run)(jax.random.PRNGKey(1), tparams, jnp.asarray(ids), jnp.asarray(mask),
+                        jax.random.PRNGKey(7))
+    return ids, _log_softmax(hf_forward(model, ids)[0]), outs
+
+
+@pytest.mark.parametrize("drafter,shift,soft_weight", CASES)
+def test_soft_labels_match_torch(soft_label_cases, drafter, shift, soft_weight):
+    """The soft label of every trained block slot is torch's next-token distribution from
+    the row before the slot's label position; on the target's own greedy continuation its
+    argmax is the data token (a one-row shift would break this); loss_base / loss_final
+    equal the numpy KL (soft, ``soft_weight`` 1) and (1-w) CE + w KL (mix) of the drafter's
+    logits, and loss = (1 - lambda) loss_final + lambda loss_base."""
+    ids, torch_logp, outs = soft_label_cases                   # torch_logp [2, S, V]
+    anchors, out, m = outs[drafter, shift, soft_weight]
+    seq = SOFT_SEQ
     anchors, weights = np.asarray(anchors), np.asarray(out.weights).reshape(2, -1, 4)
     got = np.asarray(out.target_logp).reshape(2, anchors.shape[1], 4, -1)
     want = np.zeros_like(got, np.float64)
@@ -176,9 +186,6 @@ def test_soft_labels_match_torch(hf_tiny, drafter, shift, soft_weight):
         ce = -np.take_along_axis(logp, labels[..., None], -1)[..., 0]
         return (w * ((1 - soft_weight) * ce + soft_weight * kl)).sum() / (w.sum() + 1e-6)
 
-    batch = {"input_ids": jnp.asarray(ids), "loss_mask": jnp.asarray(mask)}
-    _, m = jit_draft_loss(params, tparams, batch, key, 0.4, target=target, config=config,
-                          num_anchors=6, gamma=3.0, soft_weight=soft_weight)
     assert float(m["loss_base"]) == pytest.approx(expected(out.base, soft_weight), rel=1e-5)
     if out.final is not None:
         assert float(m["loss_final"]) == pytest.approx(expected(out.final, soft_weight),
