@@ -3,6 +3,7 @@ geometry, weights and mask come from the folder; mismatches are clear errors."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -11,14 +12,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from domino_jax.models.qwen3 import TargetLM, init_params
+from domino_jax.models.qwen3 import TargetLM
 from domino_jax.train.config import TrainConfig, make_draft_config
-from tests.test_train import SMALL, TARGET, synthetic_examples
+from tests.test_train import SMALL, TARGET, init_target_params, synthetic_examples
+
+# one fine-tuning run's settings: the tests' runs share its compiled step
+FINETUNE = TrainConfig(drafter="domino", steps=6, batch_size=4, max_length=48, num_anchors=8,
+                       lr=3e-2, warmup_ratio=0.0, compute_dtype="float32", log_every=1)
 
 
 @pytest.fixture(scope="module")
 def target_params():
-    return init_params(TARGET, jax.random.PRNGKey(0))
+    return init_target_params()
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +33,8 @@ def exported(target_params, tmp_path_factory):
     from domino_jax.train.loss import init_draft_params
 
     config = make_draft_config(TARGET, "domino", 1, 4, 16, 8, mask_token_id=3)
-    params = init_draft_params(config, jax.random.PRNGKey(7), False, target_params)
+    params = jax.jit(lambda t: init_draft_params(config, jax.random.PRNGKey(7), False, t))(
+        target_params)                              # one program, not op by op
     path = str(tmp_path_factory.mktemp("init_draft"))
     export_trained_draft(config, params, path)
     return path
@@ -44,11 +50,13 @@ def run(cfg, target_params, out, **kw):
 
 
 def test_starts_from_the_folder(exported, target_params, tmp_path):
+    """One step of the fine-tuning run: its learning rate is 0 (the warmup starts at 0), so
+    the params after it are the folder's."""
     from domino_jax.train.loop import load_trained_draft
 
-    cfg = TrainConfig(drafter="domino", steps=1, batch_size=4, max_length=48, num_anchors=8,
-                      lr=0.0, compute_dtype="float32", init_draft=exported)
-    result = run(cfg, target_params, tmp_path)
+    cfg = dataclasses.replace(FINETUNE, init_draft=exported)
+    result = run(cfg, target_params, tmp_path, stop_after=1)
+    assert [h["lr"] for h in result.history] == [0.0]
     config, loaded = load_trained_draft(exported, jnp.float32)
     assert result.draft_config == config                # 1 layer, block 4, mask 3: the folder's
     assert result.draft_config.num_layers == 1 and result.draft_config.block_size == 4
@@ -57,10 +65,7 @@ def test_starts_from_the_folder(exported, target_params, tmp_path):
 
 
 def test_learns_from_the_folder(exported, target_params, tmp_path):
-    cfg = TrainConfig(drafter="domino", steps=6, batch_size=4, max_length=48, num_anchors=8,
-                      lr=3e-2, warmup_ratio=0.0, compute_dtype="float32", log_every=1,
-                      init_draft=exported)
-    result = run(cfg, target_params, tmp_path)
+    result = run(dataclasses.replace(FINETUNE, init_draft=exported), target_params, tmp_path)
     losses = [h["loss"] for h in result.history]
     assert losses[-1] < losses[0], losses
 
@@ -74,11 +79,15 @@ def test_mismatches_are_named(exported, target_params, tmp_path):
         TrainConfig(init_draft=exported, learned_mask=True)
 
 
-def test_cli_rejects_bad_init_draft(tmp_path):
-    cmd = [sys.executable, "-m", "domino_jax.train", "--data", "x.npz", "--out", str(tmp_path),
-           "--init-draft", str(tmp_path / "missing")]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+def test_cli_rejects_bad_init_draft(tmp_path, capsys):
+    """``python -m domino_jax.train`` exits 2 naming the problem (the second case through
+    the same ``main`` in this process)."""
+    from domino_jax.train.__main__ import main
+
+    args = ["--data", "x.npz", "--out", str(tmp_path), "--init-draft"]
+    proc = subprocess.run([sys.executable, "-m", "domino_jax.train"] + args
+                          + [str(tmp_path / "missing")], capture_output=True, text=True)
     assert proc.returncode == 2 and "no config.json there" in proc.stderr, proc.stderr
-    proc = subprocess.run(cmd[:-1] + [str(tmp_path), "--learned-mask"], capture_output=True,
-                          text=True)
-    assert proc.returncode == 2 and "excludes --init-draft-from-target" in proc.stderr
+    with pytest.raises(SystemExit) as e:
+        main(args + [str(tmp_path), "--learned-mask"])
+    assert e.value.code == 2 and "excludes --init-draft-from-target" in capsys.readouterr().err
