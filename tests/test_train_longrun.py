@@ -15,13 +15,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from domino_jax.models.qwen3 import TargetLM, init_params
+from domino_jax.models.qwen3 import TargetLM
 from domino_jax.train import checkpoint_parts as parts
 from domino_jax.train.config import TrainConfig, make_draft_config
 from domino_jax.train.curve import read_curve
 from domino_jax.train.evaluate import (ALL, EvalConfig, HeldoutEvaluator, heldout_tau,
                                        read_eval_prompts)
-from test_train import SMALL, TARGET, synthetic_examples  # the tiny target and data
+from test_train import (SMALL, TARGET, init_target_params,  # the tiny target and data
+                        synthetic_examples)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KINDS = {"chat": ["hello there", "tell me a story", "why is the sky blue"],
@@ -35,7 +36,7 @@ def encode(text: str) -> list[int]:
 
 @pytest.fixture(scope="module")
 def target_params():
-    return init_params(TARGET, jax.random.PRNGKey(0))
+    return init_target_params()
 
 
 def write_prompts(path, kinds=KINDS) -> str:
