@@ -22,7 +22,7 @@ from domino_jax.train import shard_store
 from domino_jax.train.shard_store import ShardDataset, ShardError, ShardWriter, merge_shards
 from domino_jax.train.shards import (GenerationSettings, generate_shards, main, plan_batches,
                                      read_records)
-from test_train import SMALL, TARGET, synthetic_examples
+from test_train import SMALL, TARGET, TINY_TASK, init_target_params, synthetic_examples
 
 SETTINGS = GenerationSettings(max_new_tokens=6, batch_size=4, widths=(16, 32), seed=3,
                               stop_token_ids=(7,))
@@ -49,8 +49,7 @@ RECORDS = make_records()
 
 @pytest.fixture(scope="module")
 def model():
-    return (TargetLM(TARGET, dtype=jnp.float32, param_dtype=jnp.float32),
-            init_params(TARGET, jax.random.PRNGKey(0)))
+    return TargetLM(TARGET, dtype=jnp.float32, param_dtype=jnp.float32), init_target_params()
 
 
 def run(model, out, records=RECORDS, modes=("greedy", "sampled"), **kw):
@@ -300,10 +299,10 @@ def test_training_streams_from_shards(model, tmp_path):
         np.testing.assert_array_equal(a["input_ids"], b["input_ids"])
         np.testing.assert_array_equal(a["loss_mask"], b["loss_mask"])
     assert len(data_lib.filter_examples(loaded, 8, 48)) == 15
-    cfg = TrainConfig(drafter="dflash", steps=3, batch_size=4, max_length=48, num_anchors=8,
-                      lr=3e-3, compute_dtype="float32", log_every=1, checkpoint_every=1000)
+    # test_train's tiny-task settings (one compiled step for both), 3 steps of them
+    cfg = TrainConfig(drafter="dflash", **TINY_TASK)
     common = dict(target=model[0], target_params=model[1], export=False, progress=False,
-                  **SMALL)
+                  stop_after=3, **SMALL)
     streamed = train(cfg, None, str(tmp_path / "shards"), str(tmp_path / "a"), **common)
     in_memory = train(cfg, None, None, str(tmp_path / "b"),
                       examples=data_lib.filter_examples(examples, 8, 48), **common)
@@ -382,7 +381,8 @@ def hf_target_dir(tmp_path_factory):
 
     path = tmp_path_factory.mktemp("hf_target")
     config = dataclasses.replace(TARGET, vocab_size=128, eos_token_ids=(2,))
-    export_target(config, init_params(config, jax.random.PRNGKey(1)), str(path))
+    export_target(config, jax.jit(lambda k: init_params(config, k))(jax.random.PRNGKey(1)),
+                  str(path))                          # the init as one program
     save_char_tokenizer(path)
     return str(path)
 
