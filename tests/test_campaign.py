@@ -40,7 +40,8 @@ def setup(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("campaign")
     config = dataclasses.replace(TARGET, vocab_size=128, eos_token_ids=(2,))
-    export_target(config, init_params(config, jax.random.PRNGKey(1)), str(root / "target"))
+    export_target(config, jax.jit(lambda k: init_params(config, k))(jax.random.PRNGKey(1)),
+                  str(root / "target"))                 # the init as one program
     save_char_tokenizer(root / "target")
     corpus = root / "corpus"
     corpus.mkdir()
@@ -52,7 +53,7 @@ def setup(tmp_path_factory):
         for r in usable[10:12]:
             f.write(json.dumps(r) + "\n")
     draft = make_draft_config(config, "domino", 1, 4, 16, 8, mask_token_id=5)
-    params = init_draft_params(draft, jax.random.PRNGKey(2), False)
+    params = jax.jit(lambda k: init_draft_params(draft, k, False))(jax.random.PRNGKey(2))
     export_draft(draft, jax.tree_util.tree_map(np.asarray, params), str(root / "init"))
     return root
 
@@ -66,7 +67,9 @@ def _round(root, index, init, curve=None, max_seconds=600):
             "--steps", "2", "--batch-size", "2", "--max-length", "128", "--num-anchors", "4",
             "--eval-methods", "dflash,domino,domino:T1", "--eval-num-prompts", "1",
             "--eval-max-new-tokens", "4", "--part-mib", "0.02",
-            "--train-args", f"--dtype float32 --no-progress --max-seconds {max_seconds}"]
+            # --seed 0 after the round's own --seed: every round trains with one compiled
+            # step (the seed is part of the step's program)
+            "--train-args", f"--dtype float32 --no-progress --max-seconds {max_seconds} --seed 0"]
     if curve:
         argv += ["--curve", str(curve)]
     assert campaign.main(argv) == 0
