@@ -12,12 +12,11 @@ import jax
 import numpy as np
 import pytest
 
-from domino_jax.models.qwen3 import init_params
 from domino_jax.train import campaign
 from domino_jax.train.config import make_draft_config
 from domino_jax.train.loss import init_draft_params
 from test_shards import RECORDS, save_char_tokenizer
-from test_train import TARGET
+from test_train import TARGET, random_target_params
 
 
 def test_round_prompts_are_fresh_slices():
@@ -40,8 +39,7 @@ def setup(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("campaign")
     config = dataclasses.replace(TARGET, vocab_size=128, eos_token_ids=(2,))
-    export_target(config, jax.jit(lambda k: init_params(config, k))(jax.random.PRNGKey(1)),
-                  str(root / "target"))                 # the init as one program
+    export_target(config, random_target_params(config, 1), str(root / "target"))
     save_char_tokenizer(root / "target")
     corpus = root / "corpus"
     corpus.mkdir()

@@ -9,20 +9,19 @@ import json
 import os
 import string
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from domino_jax.decode.loading import encode_prompt
 from domino_jax.decode.speculative import DecodeConfig, generate
-from domino_jax.models.qwen3 import TargetLM, init_params
+from domino_jax.models.qwen3 import TargetLM
 from domino_jax.train import data as data_lib
 from domino_jax.train import shard_store
 from domino_jax.train.shard_store import ShardDataset, ShardError, ShardWriter, merge_shards
 from domino_jax.train.shards import (GenerationSettings, generate_shards, main, plan_batches,
                                      read_records)
-from test_train import SMALL, TARGET, TINY_TASK, init_target_params, synthetic_examples
+from test_train import SMALL, TARGET, TINY_TASK, random_target_params, synthetic_examples
 
 SETTINGS = GenerationSettings(max_new_tokens=6, batch_size=4, widths=(16, 32), seed=3,
                               stop_token_ids=(7,))
@@ -49,7 +48,7 @@ RECORDS = make_records()
 
 @pytest.fixture(scope="module")
 def model():
-    return TargetLM(TARGET, dtype=jnp.float32, param_dtype=jnp.float32), init_target_params()
+    return TargetLM(TARGET, dtype=jnp.float32, param_dtype=jnp.float32), random_target_params()
 
 
 def run(model, out, records=RECORDS, modes=("greedy", "sampled"), **kw):
@@ -381,8 +380,7 @@ def hf_target_dir(tmp_path_factory):
 
     path = tmp_path_factory.mktemp("hf_target")
     config = dataclasses.replace(TARGET, vocab_size=128, eos_token_ids=(2,))
-    export_target(config, jax.jit(lambda k: init_params(config, k))(jax.random.PRNGKey(1)),
-                  str(path))                          # the init as one program
+    export_target(config, random_target_params(config, 1), str(path))
     save_char_tokenizer(path)
     return str(path)
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from domino_jax.config import TargetConfig
-from domino_jax.models.qwen3 import TargetLM, init_params
+from domino_jax.models.qwen3 import TargetLM, param_shapes
 from domino_jax.train import data as data_lib
 from domino_jax.train.config import TrainConfig, make_draft_config
 from domino_jax.train.loss import (block_visibility, labels_and_weights, lambda_schedule,
@@ -24,15 +24,27 @@ TARGET = TargetConfig("qwen3", vocab_size=64, hidden_size=32, num_layers=2, num_
 SMALL = dict(draft_layers=1, block_size=4, gru_hidden_dim=16, emb_dim=8)
 
 
-def init_target_params():
-    """The tiny target's params, initialised as one program (op by op it compiles each of
-    its ~90 small ops)."""
-    return jax.jit(lambda k: init_params(TARGET, k))(jax.random.PRNGKey(0))
+def random_target_params(config: TargetConfig = TARGET, seed: int = 0):
+    """Random float32 params of a target, made with numpy: nothing is compiled (the
+    model's own init, :func:`init_params`, compiles a program of a few seconds per geometry).
+    The scales of that init: the embedding N(0, 1/hidden), every kernel N(0, 1/fan_in);
+    norm weights 1 + N(0, 0.1) (not all ones: a copied norm differs from a fresh one)."""
+    rng = np.random.default_rng(seed)
+
+    def leaf(path, shape):
+        if len(shape.shape) == 1:
+            return 1.0 + 0.1 * rng.standard_normal(shape.shape)
+        fan_in = shape.shape[-1] if "embedding" in jax.tree_util.keystr(path) else shape.shape[0]
+        return rng.standard_normal(shape.shape) / np.sqrt(fan_in)
+
+    shapes = param_shapes(config, jnp.float32)
+    return jax.device_put(jax.tree_util.tree_map_with_path(
+        lambda path, shape: leaf(path, shape).astype(np.float32), shapes))
 
 
 @pytest.fixture(scope="module")
 def target_params():
-    return init_target_params()
+    return random_target_params()
 
 
 def synthetic_examples(num: int = 32, seed: int = 0, prompt_len: int = 8, resp_len: int = 40):
@@ -259,7 +271,7 @@ def sharded_child() -> None:
 
     assert len(jax.devices()) == 8
     target = TargetLM(TARGET, dtype=jnp.float32, param_dtype=jnp.float32)
-    tparams = init_target_params()
+    tparams = random_target_params()
     config = make_draft_config(TARGET, "dflash", 1, 4)
     params = jax.jit(lambda t: init_draft_params(config, jax.random.PRNGKey(1), True, t))(tparams)
     batch = data_lib.batch_for_step(synthetic_examples(16), 0, 8, 2, 48)

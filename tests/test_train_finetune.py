@@ -14,7 +14,7 @@ import pytest
 
 from domino_jax.models.qwen3 import TargetLM
 from domino_jax.train.config import TrainConfig, make_draft_config
-from tests.test_train import SMALL, TARGET, init_target_params, synthetic_examples
+from tests.test_train import SMALL, TARGET, random_target_params, synthetic_examples
 
 # one fine-tuning run's settings: the tests' runs share its compiled step
 FINETUNE = TrainConfig(drafter="domino", steps=6, batch_size=4, max_length=48, num_anchors=8,
@@ -23,7 +23,7 @@ FINETUNE = TrainConfig(drafter="domino", steps=6, batch_size=4, max_length=48, n
 
 @pytest.fixture(scope="module")
 def target_params():
-    return init_target_params()
+    return random_target_params()
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from domino_jax.train.config import TrainConfig, make_draft_config
 from domino_jax.train.curve import read_curve
 from domino_jax.train.evaluate import (ALL, EvalConfig, HeldoutEvaluator, heldout_tau,
                                        read_eval_prompts)
-from test_train import (SMALL, TARGET, init_target_params,  # the tiny target and data
+from test_train import (SMALL, TARGET, random_target_params,  # the tiny target and data
                         synthetic_examples)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,7 +36,7 @@ def encode(text: str) -> list[int]:
 
 @pytest.fixture(scope="module")
 def target_params():
-    return init_target_params()
+    return random_target_params()
 
 
 def write_prompts(path, kinds=KINDS) -> str:

@@ -45,10 +45,10 @@ def child(out: str, num_processes: int, process_id: int, port: int, resume: bool
     import jax
 
     jax.config.update("jax_default_matmul_precision", "highest")
-    from domino_jax.models.qwen3 import TargetLM, init_params
+    from domino_jax.models.qwen3 import TargetLM
     from domino_jax.train import loop
     from domino_jax.train.config import TrainConfig
-    from tests.test_train import SMALL, TARGET, synthetic_examples
+    from tests.test_train import SMALL, TARGET, random_target_params, synthetic_examples
 
     cfg = TrainConfig(drafter="dflash", steps=STEPS, batch_size=8, micro_batches=2,
                       max_length=48, num_anchors=8, compute_dtype="float32",
@@ -62,8 +62,7 @@ def child(out: str, num_processes: int, process_id: int, port: int, resume: bool
                 os.kill(os.getpid(), signal.SIGKILL)
             return build(examples, step, *rest)
         loop.step_batch = step_batch
-    # the target's init as one program (op by op it compiles each of its ~90 small ops)
-    target_params = jax.jit(lambda k: init_params(TARGET, k))(jax.random.PRNGKey(0))
+    target_params = random_target_params()                # nothing compiled
     result = loop.train(cfg, None, None, out, **SMALL, mask_token_id=63, resume=resume,
                         examples=synthetic_examples(24), target=TargetLM(TARGET),
                         target_params=target_params, export=False, progress=False)

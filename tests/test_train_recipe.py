@@ -20,6 +20,7 @@ from domino_jax.train.config import TrainConfig, default_mask_token_id, make_dra
 from domino_jax.train.loss import (block_outputs, copy_target_layers, draft_loss,
                                    init_draft_params, labels_and_weights, lambda_schedule,
                                    sample_anchors, target_layers_for_init)
+from test_train import random_target_params
 
 TARGET6 = TargetConfig("qwen3", vocab_size=64, hidden_size=32, num_layers=6, num_heads=4,
                        num_kv_heads=2, head_dim=8, intermediate_size=64, rope_theta=10000.0)
@@ -28,8 +29,7 @@ F32 = dict(dtype=jnp.float32, param_dtype=jnp.float32)
 
 @pytest.fixture(scope="module")
 def target6():
-    return TargetLM(TARGET6, **F32), jax.jit(lambda k: init_params(TARGET6, k))(
-        jax.random.PRNGKey(0))
+    return TargetLM(TARGET6, **F32), random_target_params(TARGET6)
 
 
 def text_examples(num: int, length: int, seed: int = 0, vocab: int = 64) -> list[dict]:
@@ -365,7 +365,7 @@ def test_largest_sweep_drafter_trains_and_drafts(tmp_path):
     from domino_jax.train.loop import load_trained_draft, train
 
     target = TargetLM(TARGET8, **F32)
-    tparams = jax.jit(lambda k: init_params(TARGET8, k))(jax.random.PRNGKey(0))  # op by op: 3 s
+    tparams = random_target_params(TARGET8)
     cfg = TrainConfig(drafter="domino", steps=2, batch_size=2, max_length=40, num_anchors=4,
                       compute_dtype="float32", log_every=1, checkpoint_every=1000,
                       init_from_target="spread")

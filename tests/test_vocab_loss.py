@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from domino_jax.config import TargetConfig
-from domino_jax.models.qwen3 import TargetLM, init_params
+from domino_jax.models.qwen3 import TargetLM
 from domino_jax.train.config import make_draft_config
 from domino_jax.train.loss import draft_loss, init_draft_params
 from domino_jax.train.vocab_loss import RowInputs, row_losses, slot_divergence
+from test_train import random_target_params
 
 TARGET = TargetConfig("qwen3", vocab_size=96, hidden_size=32, num_layers=4, num_heads=4,
                       num_kv_heads=2, head_dim=8, intermediate_size=64, rope_theta=10000.0)
@@ -25,7 +26,7 @@ TARGET = TargetConfig("qwen3", vocab_size=96, hidden_size=32, num_layers=4, num_
 @pytest.fixture(scope="module")
 def target():
     model = TargetLM(TARGET, dtype=jnp.float32, param_dtype=jnp.float32)
-    return model, jax.jit(lambda k: init_params(TARGET, k))(jax.random.PRNGKey(0))
+    return model, random_target_params(TARGET)
 
 
 def _batch(seed=0, batch=2, seq=24):
