@@ -130,10 +130,12 @@ def test_labels_and_weights_table(drafter):
                 assert int(labels[0, j, k]) == 100 + pos
 
 
-# the tiny task's run: 30 steps; the resume test reruns the Domino one interrupted (the
+# the tiny task's run: 30 steps of two micro-batches, a learned mask token; the resume test
+# reruns the Domino one interrupted, the sharded test the DFlash one's first steps (the
 # checkpoint cadence is not part of the compiled step: all of a drafter's runs share one)
-TINY_TASK = dict(steps=30, batch_size=8, max_length=48, num_anchors=16, lr=3e-2,
-                 warmup_ratio=0.05, compute_dtype="float32", log_every=1, checkpoint_every=1000)
+TINY_TASK = dict(steps=30, batch_size=8, micro_batches=2, max_length=48, num_anchors=16,
+                 lr=3e-2, warmup_ratio=0.05, learned_mask=True, compute_dtype="float32",
+                 log_every=1, checkpoint_every=1000)
 
 
 def tiny_task_run(drafter: str, target_params, out, **kw):
@@ -262,44 +264,40 @@ def test_generate_dataset_masks_response(target_params):
         assert list(e["loss_mask"]) == [0] * len(p) + [1] * 5
 
 
-def sharded_child() -> None:
-    """8 simulated CPU devices: a step on a (2, 2, 2) mesh equals the one-device step."""
+def sharded_child(out: str) -> None:
+    """8 simulated CPU devices: the tiny-task DFlash run's first 2 steps on a (2, 2, 2) mesh,
+    the drafter fsdp-sharded -> ``out/sharded.npz`` (the step-2 loss and the params)."""
+    import flax.traverse_util
+
     jax.config.update("jax_default_matmul_precision", "highest")
-    from domino_jax.train.loss import init_draft_params
-    from domino_jax.train.step import (init_state, make_train_mesh, make_train_step, place,
-                                       shard_batch)
-
     assert len(jax.devices()) == 8
-    target = TargetLM(TARGET, dtype=jnp.float32, param_dtype=jnp.float32)
-    tparams = random_target_params()
-    config = make_draft_config(TARGET, "dflash", 1, 4)
-    params = jax.jit(lambda t: init_draft_params(config, jax.random.PRNGKey(1), True, t))(tparams)
-    batch = data_lib.batch_for_step(synthetic_examples(16), 0, 8, 2, 48)
-    results = []
-    for mesh_shape, shard in (((1, 1, 1), False), ((2, 2, 2), True)):
-        cfg = TrainConfig(drafter="dflash", steps=5, batch_size=8, micro_batches=2,
-                          max_length=48, num_anchors=8, compute_dtype="float32",
-                          mesh_data=mesh_shape[0], mesh_fsdp=mesh_shape[1],
-                          mesh_tensor=mesh_shape[2], shard_drafter=shard)
-        mesh = make_train_mesh(cfg)
-        state, tp, s_shard, t_shard = place(cfg, mesh, init_state(cfg, params), tparams, TARGET)
-        step = make_train_step(cfg, config, target, mesh, s_shard, t_shard)
-        for _ in range(2):
-            state, metrics = step(state, shard_batch(batch, mesh), tp)
-        results.append((jax.device_get(state.params), float(metrics["loss"])))
-    (p1, l1), (p8, l8) = results
-    assert abs(l1 - l8) <= 1e-5 * abs(l1), (l1, l8)
-    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
-                           p1, p8)
-    print("SHARDED_OK", l1, l8)
+    mesh = dict(mesh_data=2, mesh_fsdp=2, mesh_tensor=2, shard_drafter=True)
+    result = tiny_task_run("dflash", random_target_params(), os.path.join(out, "run"),
+                           stop_after=2, cfg=mesh)
+    np.savez(os.path.join(out, "sharded.npz"), loss=result.history[-1]["loss"],
+             **flax.traverse_util.flatten_dict(result.params, sep="/"))
 
 
-def test_sharded_step_equals_single_device():
+def test_sharded_step_equals_single_device(target_params, tmp_path):
+    """Two steps of the tiny-task DFlash run (two micro-batches, a learned mask token) on a
+    (2, 2, 2) mesh of 8 simulated devices (a subprocess: the device count is fixed when jax
+    starts) equal the same steps on one device (here: the tiny-task run's compiled step)."""
+    import flax.traverse_util
+
+    one = tiny_task_run("dflash", target_params, tmp_path / "one", stop_after=2)
     # the simulated devices, and this process's XLA flags (tests/conftest.py's cheap compile)
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join((
         "--xla_force_host_platform_device_count=8", os.environ.get("XLA_FLAGS", ""))))
-    code = "import tests.test_train as t; t.sharded_child()"
+    code = f"import tests.test_train as t; t.sharded_child({str(tmp_path)!r})"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True,
                           text=True, timeout=300)
-    assert proc.returncode == 0 and "SHARDED_OK" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    sharded = np.load(tmp_path / "sharded.npz")
+    assert [h["step"] for h in one.history] == [1, 2]
+    l1, l8 = one.history[-1]["loss"], float(sharded["loss"])
+    assert abs(l1 - l8) <= 1e-5 * abs(l1), (l1, l8)
+    p1 = flax.traverse_util.flatten_dict(one.params, sep="/")
+    assert set(p1) == set(sharded.files) - {"loss"} and "mask_embedding" in p1
+    for name, value in p1.items():
+        np.testing.assert_allclose(value, sharded[name], rtol=1e-4, atol=1e-5, err_msg=name)
