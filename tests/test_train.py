@@ -75,7 +75,8 @@ def test_anchor_sampler_validity():
     mask[0] = 0                                   # no valid anchor at all
     mask[1] = 0
     mask[1, 5:8] = 1                              # exactly two valid anchors: 5, 6
-    anchors, keep = sample_anchors(jax.random.PRNGKey(3), jnp.asarray(mask), n)
+    anchors, keep = jax.jit(sample_anchors, static_argnums=2)(jax.random.PRNGKey(3),
+                                                              jnp.asarray(mask), n)
     anchors, keep = np.asarray(anchors), np.asarray(keep)
     assert anchors.shape == keep.shape == (16, n)
     for b in range(16):
@@ -90,10 +91,11 @@ def test_anchor_sampler_validity():
 
 
 def test_block_mask_matches_brute_force():
-    anchors = jnp.asarray([[2, 5, 0], [0, 3, 7]], jnp.int32)
-    keep = jnp.asarray([[True, True, False], [True, True, True]])
+    anchors = np.asarray([[2, 5, 0], [0, 3, 7]], np.int32)          # numpy: the brute force
+    keep = np.asarray([[True, True, False], [True, True, True]])     # indexes them cheaply
     seq_len, bk = 10, 3
-    got = np.asarray(block_visibility(anchors, keep, seq_len, bk))
+    got = np.asarray(jax.jit(block_visibility, static_argnums=(2, 3))(anchors, keep, seq_len,
+                                                                         bk))
     want = np.zeros((2, 3 * bk, seq_len + 3 * bk), bool)
     for b in range(2):
         for j in range(3):
@@ -112,11 +114,12 @@ def test_block_mask_matches_brute_force():
 @pytest.mark.parametrize("drafter", ["dflash", "domino"])
 def test_labels_and_weights_table(drafter):
     config = make_draft_config(TARGET, drafter, 1, 4, 16, 8)
-    ids = jnp.arange(10, dtype=jnp.int32)[None] + 100
-    mask = jnp.asarray([[0, 0, 1, 1, 1, 1, 1, 1, 0, 0]], jnp.int32)
-    anchors, keep = jnp.asarray([[2, 6]]), jnp.asarray([[True, True]])
+    ids = np.arange(10, dtype=np.int32)[None] + 100
+    mask = np.asarray([[0, 0, 1, 1, 1, 1, 1, 1, 0, 0]], np.int32)
+    anchors, keep = np.asarray([[2, 6]]), np.asarray([[True, True]])
     gamma = 2.0
-    labels, weights = labels_and_weights(config, ids, mask, anchors, keep, gamma)
+    labels, weights = jax.device_get(jax.jit(labels_and_weights, static_argnums=(0, 5))(
+        config, ids, mask, anchors, keep, gamma))
     for j, a in enumerate([2, 6]):
         for k in range(4):
             pos = a + k + (1 if config.shift_label else 0)

@@ -229,8 +229,9 @@ def test_uniform_position_weights(drafter):
     ids = jnp.arange(12, dtype=jnp.int32)[None]
     mask = jnp.asarray([[0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0]], jnp.int32)
     anchors, keep = jnp.asarray([[1, 6, 0]]), jnp.asarray([[True, True, False]])
-    _, decay = labels_and_weights(config, ids, mask, anchors, keep, 2.0, "decay")
-    labels, uniform = labels_and_weights(config, ids, mask, anchors, keep, 2.0, "uniform")
+    table = jax.jit(labels_and_weights, static_argnums=(0, 5, 6))    # one program a setting
+    _, decay = table(config, ids, mask, anchors, keep, 2.0, "decay")
+    labels, uniform = table(config, ids, mask, anchors, keep, 2.0, "uniform")
     decay, uniform = np.asarray(decay), np.asarray(uniform)
     np.testing.assert_array_equal(uniform > 0, decay > 0)           # same slots trained
     assert set(np.unique(uniform)) <= {0.0, 1.0}
@@ -299,7 +300,7 @@ def test_init_draft_from_target_llama_and_errors(target6):
         tparams[f"layers_{i}"] = dict(qwen[f"layers_{i}"], self_attn=attn)
     config = make_draft_config(llama, "dflash", 2, 4)
     backbone = jax.eval_shape(lambda: init_draft_params(config, jax.random.PRNGKey(1), False))
-    backbone = jax.tree_util.tree_map(lambda x: jnp.full(x.shape, 7.0, x.dtype),
+    backbone = jax.tree_util.tree_map(lambda x: np.full(x.shape, 7.0, x.dtype),
                                       backbone["backbone"])
     seeded = copy_target_layers(backbone, tparams, target_layers_for_init(6, 2, "last"))
     np.testing.assert_array_equal(seeded["layers_1"]["self_attn"]["q_proj"]["kernel"],
@@ -310,8 +311,9 @@ def test_init_draft_from_target_llama_and_errors(target6):
     with pytest.raises(ValueError, match="draft layer 0 mlp/.* has shape"):
         jax.eval_shape(lambda t: init_draft_params(narrow, jax.random.PRNGKey(1), False, t,
                                                    "last"), tparams)
-    with pytest.raises(ValueError, match="target's params"):
-        init_draft_params(config, jax.random.PRNGKey(1), False, None, "last")
+    with pytest.raises(ValueError, match="target's params"):      # traced, not compiled
+        jax.eval_shape(lambda: init_draft_params(config, jax.random.PRNGKey(1), False, None,
+                                                 "last"))
 
 
 # ----------------------------------------------------------------------------- sizes
