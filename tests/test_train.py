@@ -26,9 +26,10 @@ SMALL = dict(draft_layers=1, block_size=4, gru_hidden_dim=16, emb_dim=8)
 
 def random_target_params(config: TargetConfig = TARGET, seed: int = 0):
     """Random float32 params of a target, made with numpy: nothing is compiled (the
-    model's own init, :func:`init_params`, compiles a program of a few seconds per geometry).
-    The scales of that init: the embedding N(0, 1/hidden), every kernel N(0, 1/fan_in);
-    norm weights 1 + N(0, 0.1) (not all ones: a copied norm differs from a fresh one)."""
+    model's own init, :func:`~domino_jax.models.qwen3.init_params`, is a program of its own
+    for each geometry). The scales of that init: the embedding N(0, 1/hidden), every kernel
+    N(0, 1/fan_in); norm weights 1 + N(0, 0.1) (not all ones: a copied norm differs from a
+    fresh one)."""
     rng = np.random.default_rng(seed)
 
     def leaf(path, shape):
