@@ -89,6 +89,7 @@ def test_two_rounds(setup):
     assert [p["steps_total"] for p in curve] == [2, 4]
     assert [p["examples_seen_total"] for p in curve] == [4, 8]
     assert [p["distinct_examples"] for p in curve] == [8, 16]
+    assert [p["distinct_examples_total"] for p in curve] == [8, 16]      # fresh each round
     for p in curve:
         assert set(p["tau"]) == {"dflash", "domino", "domino:T1"}
         assert all(1.0 <= t <= 4.0 for t in p["tau"]["domino"].values())
@@ -123,3 +124,29 @@ def test_bad_arguments(setup, capsys):
         assert e.value.code == 2 and message in capsys.readouterr().err
     with pytest.raises(SystemExit):
         campaign.parse_args(base[:3] + [str(root / "nothing")] + base[4:])
+
+
+def test_campaign_curve_reads_as_curve_points(tmp_path, capsys):
+    """``python -m domino_jax.train.curve FILE`` takes a campaign curve: one point per round at
+    its running totals (the shipped drafter's point counts its own distinct examples)."""
+    from domino_jax.train import curve as curve_cli
+
+    rounds = [{"round": "shipped", "steps_total": 3000, "examples_seen_total": 192000,
+               "distinct_examples": 63941, "tau": {"domino": {"all": 2.21}}},
+              {"round": 0, "steps_total": 3880, "examples_seen_total": 248320,
+               "distinct_examples": 9893, "distinct_examples_total": 73834, "loss": 2.62,
+               "tau": {"domino": {"all": 2.27, "chat": 1.89}}}]
+    path = tmp_path / "campaign_curve.json"
+    path.write_text(json.dumps(rounds))
+    points = curve_cli.campaign_points(str(path))
+    assert [p["step"] for p in points] == [3000, 3880]
+    assert [p["distinct_examples"] for p in points] == [63941, 73834]
+    assert [p["examples_seen"] for p in points] == [192000, 248320]
+    curve_cli.main([str(path), "--x", "distinct_examples", "--out", str(tmp_path / "c.png")])
+    out = capsys.readouterr().out
+    assert "| 3880 | - | 2.6200 | - | 2.270 | - |" in out, out
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"points": []}))
+    with pytest.raises(SystemExit) as e:
+        curve_cli.main([str(bad)])
+    assert e.value.code == 2 and "not a campaign curve" in capsys.readouterr().err

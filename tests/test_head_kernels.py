@@ -435,11 +435,11 @@ def test_kernel_tuning_parsed_and_checked():
 
 
 def test_head_kernel_switch():
-    """Explicit requests fail fast with the reason; ``auto`` is XLA until measured; an
-    unknown name is named."""
+    """Explicit requests fail fast with the reason; ``auto`` is XLA on a CPU (no device kind
+    measured faster); an unknown name is named."""
     cfg, head, embed, _ = _small_head()
     plain = head.params
-    assert hk.rollout_kernels("auto", head, B, V) is None          # nothing measured yet
+    assert hk.rollout_kernels("auto", head, B, V) is None          # a CPU: never listed
     assert hk.rollout_kernels("xla", head, B, V) is None
     assert hk.rollout_kernels("reference", head, B, V) == hk.HeadKernels("triton", twin=True)
     assert hk.rollout_kernels("pallas_interpret", head, B, V).interpret is True
@@ -477,6 +477,9 @@ def test_device_tunings_apply_where_the_plan_takes_them(monkeypatch):
     assert hk.tree_kernels("pallas", head, 6, V, 3, 8).tuning == fits
     assert hk.rollout_kernels("pallas", head, B, V, tuning=named).tuning == named
     assert hk.rollout_kernels("auto", head, B, V) is None            # not in MEASURED_FASTER
+    monkeypatch.setattr(hk, "MEASURED_FASTER", {"head": (kind,), "tree": ()})
+    assert hk.rollout_kernels("auto", head, B, V).tuning == fits      # listed: the kernel
+    assert hk.tree_kernels("auto", head, 6, V, 3, 8) is None          # listed for the head only
     monkeypatch.setattr(hk, "DEVICE_TUNINGS", {"head": {kind: too_wide}, "tree": {}})
     assert hk.rollout_kernels("pallas", head, B, V).tuning == hk.KernelTuning()
     assert hk.tree_kernels("pallas", head, 6, V, 3, 8).tuning == hk.KernelTuning()

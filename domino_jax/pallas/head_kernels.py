@@ -16,8 +16,8 @@
   variant unless the backend is a TPU).
 * ``auto`` (the default): the kernel where :data:`MEASURED_FASTER` lists this device kind
   for it -- a measurement found the kernel faster end to end (``docs/design.md`` §6) --
-  else XLA (with a warning when a listed device falls back for its shapes). Nothing is
-  listed yet, so ``auto`` is XLA everywhere until the GPU benchmark run.
+  else XLA (with a warning when a listed device falls back for its shapes). Listed: the
+  head on the H100; the tree kernel nowhere.
 
 :func:`fused_rollout` is ``domino_head.rollout`` (same drafts up to float32 accumulation
 order) as a loop of kernel steps; :func:`fused_tree_steps` gives ``decode.tree``'s
@@ -47,7 +47,7 @@ from domino_jax.topk import top_k
 
 # kernel -> device kinds (jax.devices()[0].device_kind) on which a measurement found the
 # kernel faster end to end (docs/design.md §6); "auto" picks it only there.
-MEASURED_FASTER: dict[str, tuple[str, ...]] = {"head": (), "tree": ()}
+MEASURED_FASTER: dict[str, tuple[str, ...]] = {"head": ("NVIDIA H100 80GB HBM3",), "tree": ()}
 
 # kernel -> device kind -> the blocking a sweep of `benchmarks/bench_tree_build.py
 # --tunings` measured fastest there (docs/design.md §6); a call that names no tuning gets

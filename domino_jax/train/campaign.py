@@ -22,7 +22,9 @@ A round (``--phases``, both by default; a lent GPU may run them in separate call
   (``python -m domino_jax.train.parts join OUT/draft DIR`` restores it).
 
 ``OUT/curve.json`` is ``--curve`` with this round's point appended: examples seen, optimizer
-steps and distinct examples so far, held-out tau per method and kind before and after, and
+steps, the round's training set (``distinct_examples``: the examples in ``WORK/shards``) and
+the distinct examples of the drafter's whole history (``distinct_examples_total``: the last
+point's, plus this round's fresh responses), held-out tau per method and kind before and after, and
 where the round's seconds went (loading, generation, training, evaluation, export).
 ``OUT/round.json`` holds the point and the commands' summaries.
 """
@@ -80,10 +82,14 @@ def read_curve(path: str | None) -> list[dict]:
 
 
 def totals(curve: Sequence[dict]) -> dict:
-    """Steps and examples seen over the rounds so far (the last point's running totals)."""
+    """Steps, examples seen and distinct examples over the drafter's rounds so far (the last
+    point's running totals; a first point without ``distinct_examples_total``, such as the
+    shipped drafter's, counts its ``distinct_examples``)."""
     last = curve[-1] if curve else {}
     return {"steps": int(last.get("steps_total", 0)),
-            "examples_seen": int(last.get("examples_seen_total", 0))}
+            "examples_seen": int(last.get("examples_seen_total", 0)),
+            "distinct": int(last.get("distinct_examples_total",
+                                     last.get("distinct_examples", 0)))}
 
 
 def _write_jsonl(records: Sequence[dict], path: str) -> None:
@@ -238,6 +244,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "steps_round": steps, "steps_total": done["steps"] + steps,
                  "examples_seen_total": done["examples_seen"] + steps * args.batch_size,
                  "distinct_examples": record["train"]["distinct_examples"],
+                 "distinct_examples_total": done["distinct"] + sum(
+                     int(g.get("written", 0)) for g in record.get("generate", {}).values()),
                  "tau_before": record["train"]["tau_before"],
                  "tau": record["train"]["tau_after"], "loss": record["train"]["loss"],
                  "seconds": {"generate": record.get("generate_seconds"),

@@ -15,8 +15,10 @@ optional extra ``pip install domino_jax[plot]``).
     python -m domino_jax.train.curve RUN_DIR [RUN_DIR ...] [--out cmp.png] [--x tokens_seen]
 
 prints each run's points as a table and draws the runs together (loss and tau of every
-method, pooled over kinds, against ``--x``: ``step``, ``tokens_seen``, ``examples_seen`` or
-``wall_seconds``).
+method, pooled over kinds, against ``--x``: ``step``, ``tokens_seen``, ``examples_seen``,
+``distinct_examples`` or ``wall_seconds``). A JSON file in place of a run folder is a
+campaign curve (``python -m domino_jax.train.campaign``'s list of round points): one point per
+round, at its running totals of steps, examples seen and distinct examples.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Sequence
 
 CURVE_JSON = "curve.json"
 CURVE_PNG = "curve.png"
-X_AXES = ("step", "tokens_seen", "examples_seen", "wall_seconds")
+X_AXES = ("step", "tokens_seen", "examples_seen", "distinct_examples", "wall_seconds")
 
 
 def read_curve(run_dir: str) -> list[dict]:
@@ -42,6 +44,24 @@ def read_curve(run_dir: str) -> list[dict]:
             return list(json.load(f)["points"])
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise ValueError(f"{path}: not a curve file ({e})") from e
+
+
+def campaign_points(path: str) -> list[dict]:
+    """A campaign curve file's rounds as curve points (``step``, ``examples_seen`` and
+    ``distinct_examples``: the running totals; ``tau``; ``loss``)."""
+    with open(path) as f:
+        try:
+            rounds = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not a campaign curve ({e})") from e
+    if not isinstance(rounds, list) or not all(isinstance(r, dict) and "tau" in r
+                                               for r in rounds):
+        raise ValueError(f"{path}: not a campaign curve (expected a JSON list of round "
+                         "points, each with 'tau')")
+    return [{"round": r.get("round"), "step": r.get("steps_total"),
+             "examples_seen": r.get("examples_seen_total"),
+             "distinct_examples": r.get("distinct_examples_total", r.get("distinct_examples")),
+             "loss": r.get("loss"), "tau": r["tau"]} for r in rounds]
 
 
 def write_curve(run_dir: str, points: Sequence[dict]) -> None:
@@ -130,7 +150,8 @@ def format_table(label: str, points: Sequence[dict], kind: str = "all") -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m domino_jax.train.curve", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("runs", nargs="+", help="run folders holding curve.json")
+    p.add_argument("runs", nargs="+", help="run folders holding curve.json, or campaign "
+                   "curve files (JSON)")
     p.add_argument("--out", default=None, help="PNG to draw (default: curves.png beside "
                    "the first run, or RUN/curve.png for one run)")
     p.add_argument("--x", choices=X_AXES, default="step")
@@ -139,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     runs = []
     for run in args.runs:
         try:
-            points = read_curve(run)
+            points = campaign_points(run) if os.path.isfile(run) else read_curve(run)
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             raise SystemExit(2)
@@ -154,7 +175,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print("no plot: matplotlib is not installed (pip install 'domino_jax[plot]')",
               file=sys.stderr)
         return
-    out = args.out or (os.path.join(args.runs[0], CURVE_PNG) if len(runs) == 1 else
+    out = args.out or (os.path.join(args.runs[0], CURVE_PNG)
+                       if len(runs) == 1 and os.path.isdir(args.runs[0]) else
                        os.path.join(os.path.dirname(os.path.abspath(args.runs[0])),
                                     "curves.png"))
     plot_curves(runs, out, args.x, args.kind)
