@@ -1,7 +1,7 @@
 """Shared builders for the decode tests (tests/test_decode_*.py).
 
 * :func:`fixture_models`: the golden reference checkpoints (tests/fixtures/reference) in
-  float32.
+  float32; :func:`fused_fixture_models`: the same in the fused decode layout.
 * :func:`perm_target` / :func:`perm_domino_params`: hand-built models where the target's
   greedy next token is (mostly) a fixed permutation ``pi`` of the current token and a Domino
   head drafts ``sigma(last)``, so acceptance is forced (``sigma == pi``) or partial.
@@ -42,6 +42,22 @@ def fixture_models(name: str):
     draft_cfg, draft_params = load_draft(os.path.join(folder, "draft"), dtype=jnp.float32)
     outputs = dict(np.load(os.path.join(folder, "outputs.npz")))
     return TargetLM(target_cfg, **F32), target_params, draft_cfg, draft_params, outputs
+
+
+@functools.lru_cache(maxsize=None)
+def fused_fixture_models(name: str):
+    """:func:`fixture_models` in the fused decode layout that ``load_pair`` serves (q/k/v and
+    gate/up concatenated, the Domino head in its decode layout): ``(target, target_params,
+    draft_config, draft_params)``."""
+    from domino_jax.models.fused_layout import fuse_model
+
+    target, params, dcfg, dparams, _ = fixture_models(name)
+    tcfg, fparams = fuse_model(target.config, params)
+    fcfg, fdparams = fuse_model(dcfg, dparams)
+    if dcfg.has_domino_head:
+        fdparams = dict(fdparams, head=domino_head.decode_head(
+            fdparams["head"], fparams["embed_tokens"]["embedding"]))
+    return TargetLM(tcfg, **F32), fparams, fcfg, fdparams
 
 
 def _set(tree, path: str, value):

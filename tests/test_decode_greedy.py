@@ -1,9 +1,9 @@
 """Greedy decoding through ``generate``: losslessness, forced acceptance, stale cache slots,
 stops and limits, argument errors (CPU, float32, tiny models).
 
-* Golden fixtures (tests/fixtures/reference): ``ar``/``dflash``/``domino`` equal the
-  reference's speculative output and an independent cache-free greedy AR, also in a ragged
-  batch (prompt lengths 3..12).
+* Golden fixtures (tests/fixtures/reference): every method equals the reference's
+  speculative output and an independent cache-free greedy AR in a ragged batch (prompt
+  lengths 3..12), in the fused decode layout and in the plain one.
 * Hand-built permutation models (decode_helpers): the target's greedy next token is
   ``pi(current)`` (exactly, or mostly when some attention leaks in) and the Domino head drafts
   ``pi(last)``, so every round accepts all K drafts (tau == K + 1) or a row-dependent number
@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from decode_helpers import (FIXTURE_NAMES, draft_config, fixture_models, perm_domino_params,
-                            perm_target, permutation, prefill_state, reference_greedy,
+from decode_helpers import (FIXTURE_NAMES, draft_config, fixture_models, fused_fixture_models,
+                            perm_domino_params, perm_target, permutation, prefill_state, reference_greedy,
                             tiny_draft, zero_backbone_params)
 from domino_jax.decode import loop, speculative
 from domino_jax.decode.drafters import DominoOptions
@@ -47,6 +47,10 @@ def run(target, params, prompts, method, drafter_cfg=None, draft_params=None, he
 
 @pytest.mark.parametrize("name", FIXTURE_NAMES)
 def test_fixture_greedy_lossless(name):
+    """Every method reproduces the reference's speculative tokens and an independent greedy AR
+    in a ragged batch: in the fused decode layout that ``load_pair`` serves (the tree methods
+    once: they share the target path), and in the plain layout through the drafter with the
+    candidate-pool head (other drafts, same output)."""
     target, params, dcfg, dparams, outputs = fixture_models(name)
     prompt = outputs["prompt"][0].tolist()
     expected = outputs["reference_spec_greedy_ids"][0, len(prompt):].tolist()
@@ -55,15 +59,22 @@ def test_fixture_greedy_lossless(name):
     prompts = [prompt] + [rng.integers(0, 255, n).tolist() for n in (3, 12, 6)]
     ref = reference_greedy(target, params, prompts, 24)
     assert ref[0] == expected
+    ftarget, fparams, fcfg, fdparams = fused_fixture_models(name)
     methods = ["ar", "dflash"] + (["domino"] if dcfg.has_domino_head else [])
+    if name == "domino_shift":
+        methods += ["ddtree", "dominotree"]
     for method in methods:
-        result = run(target, params, prompts, method, dcfg, dparams, max_new_tokens=24)
+        options = method_options(method, **({"budget": 6} if "tree" in method else {}))
+        drafter = None if method == "ar" else make_drafter(fcfg, ftarget, method, options)
+        result = generate(ftarget, fparams, prompts,
+                          DecodeConfig(method=method, max_new_tokens=24), drafter=drafter,
+                          draft_params=None if drafter is None else fdparams)
         assert result.tokens == ref, method
         assert result.accept_hist.sum() == result.rounds.sum()
-    if dcfg.has_domino_head:              # the candidate-pool head: other drafts, same output
-        result = run(target, params, prompts, "domino", dcfg, dparams, head_topm=2,
-                     max_new_tokens=24)
-        assert result.tokens == ref
+    plain = ("domino", 2) if dcfg.has_domino_head else ("dflash", 0)
+    result = run(target, params, prompts, plain[0], dcfg, dparams, head_topm=plain[1],
+                 max_new_tokens=24)
+    assert result.tokens == ref, plain
 
 
 # -------------------------------------------------------------- permutation (forced) models

@@ -83,7 +83,8 @@ def child() -> None:
 
 
 def test_tensor_parallel_decode_equals_single_device():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+    env = dict(os.environ, XLA_FLAGS=" ".join((
+        "--xla_force_host_platform_device_count=4", os.environ.get("XLA_FLAGS", ""))),
                JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]))
     code = "import tests.test_decode_tensor_parallel as t; t.child()"
     proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,

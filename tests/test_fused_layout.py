@@ -1,5 +1,6 @@
 """The fused decode layout (domino_jax/models/fused_layout.py): what the conversion does to
-a parameter tree, its errors, and greedy decoding with fused models equal to the reference.
+a parameter tree and its errors. Greedy decoding with fused models equal to the reference:
+tests/test_decode_greedy.py's fixture test.
 
 Parity of the fused models themselves: tests/test_target_parity.py (against transformers,
 every target variant) and tests/test_drafters.py (the ``golden`` fixture runs every
@@ -16,10 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from decode_helpers import FIXTURE_NAMES, FIXTURES, fixture_models, reference_greedy
+from decode_helpers import FIXTURES, fixture_models
 from domino_jax.decode.loading import load_pair
-from domino_jax.decode.methods import make_drafter, method_options
-from domino_jax.decode.speculative import DecodeConfig, generate
 from domino_jax.models.domino_head import DecodeHead, decode_head
 from domino_jax.models.fused_layout import fuse_model, fuse_projections
 from domino_jax.models.qwen3 import TargetLM
@@ -56,34 +55,6 @@ def test_fuse_errors_name_the_path():
     config, fused = fuse_model(target.config, params)
     with pytest.raises(ValueError, match="already in the fused layout"):
         fuse_model(config, fused)
-
-
-@pytest.mark.parametrize("name", FIXTURE_NAMES)
-def test_fused_greedy_equals_reference(name):
-    """Every method on fused target + drafter (the head in its decode layout) reproduces the
-    reference's greedy tokens."""
-    target, params, dcfg, dparams, outputs = fixture_models(name)
-    prompt = outputs["prompt"][0].tolist()
-    expected = outputs["reference_spec_greedy_ids"][0, len(prompt):].tolist()
-    prompts = [prompt, [5, 9, 2]]
-    ref = reference_greedy(target, params, prompts, 24)
-    assert ref[0] == expected
-    tcfg, fparams = fuse_model(target.config, params)
-    fcfg, fdparams = fuse_model(dcfg, dparams)
-    if dcfg.has_domino_head:                    # the head's decode leaves too, as load_pair
-        fdparams = dict(fdparams, head=decode_head(
-            fdparams["head"], fparams["embed_tokens"]["embedding"]))
-    ftarget = TargetLM(tcfg, dtype=target.dtype, param_dtype=target.param_dtype)
-    methods = ["ar", "dflash"] + (["domino"] if dcfg.has_domino_head else [])
-    if name == "domino_shift":            # the tree methods once (they share the target path)
-        methods += ["ddtree", "dominotree"]
-    for method in methods:
-        options = method_options(method, **({"budget": 6} if "tree" in method else {}))
-        drafter = None if method == "ar" else make_drafter(fcfg, ftarget, method, options)
-        result = generate(ftarget, fparams, prompts,
-                          DecodeConfig(method=method, max_new_tokens=24), drafter=drafter,
-                          draft_params=None if drafter is None else fdparams)
-        assert result.tokens == ref, method
 
 
 def test_unfused_config_rejects_fused_params():

@@ -115,7 +115,8 @@ def child_main() -> None:
 
 
 def test_sharded_forward_on_8_cpu_devices():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+    env = dict(os.environ, XLA_FLAGS=" ".join((
+        "--xla_force_host_platform_device_count=8", os.environ.get("XLA_FLAGS", ""))),
                JAX_PLATFORMS="cpu")
     here = os.path.dirname(os.path.abspath(__file__))
     code = (f"import sys; sys.path.insert(0, {here!r}); "
