@@ -92,7 +92,7 @@ def test_cli_stderr_is_quiet_and_ends_with_the_summary(tiny_pair, tmp_path):
 
     # one prompt with --json: nothing but the record on stdout (no streamed text); the AR
     # comparison in JSON is test_cli_slots_serve_a_queue's
-    as_json = _run_cli(common + ["--json"])
+    as_json = _run_cli(common + ["--json", "--draft-length", "4"])    # quicker to compile
     assert as_json.returncode == 0, as_json.stderr
     record = json.loads(as_json.stdout)
     domino, = record["methods"]
@@ -103,11 +103,13 @@ def test_cli_stderr_is_quiet_and_ends_with_the_summary(tiny_pair, tmp_path):
 
 @pytest.mark.slow
 def test_cli_slots_serve_a_queue(tiny_pair):
-    """``--slots 2`` with three prompts: continuous batching, each output AR's."""
+    """``--slots 2`` with three prompts: continuous batching, each output AR's (a fixed draft
+    length: the adaptive policy's serving is tests/test_serving.py's, in process)."""
     target, draft = tiny_pair
     prompts = ["w1 w2 w3 w4 w5 w6", "w7 w8 w9", "w10 w11 w12 w13"]
     args = ["--target", target, "--draft", draft, "--method", "domino", "--no-chat",
-            "--max-new-tokens", "10", "--slots", "2", "--compare-ar", "--json"]
+            "--max-new-tokens", "10", "--draft-length", "4", "--slots", "2", "--compare-ar",
+            "--json"]
     for text in prompts:
         args += ["--prompt", text]
     run = _run_cli(args)
