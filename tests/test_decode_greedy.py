@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from decode_helpers import (FIXTURE_NAMES, draft_config, fixture_models, fused_fixture_models,
-                            perm_domino_params, perm_target, permutation, prefill_state, reference_greedy,
-                            tiny_draft, zero_backbone_params)
+                            perm_domino_params, perm_target, permutation, prefill_state,
+                            reference_greedy, tiny_draft, zero_backbone_params)
 from domino_jax.decode import loop, speculative
 from domino_jax.decode.drafters import DominoOptions
 from domino_jax.decode.methods import make_drafter, method_options

@@ -24,8 +24,8 @@ A round (``--phases``, both by default; a lent GPU may run them in separate call
 ``OUT/curve.json`` is ``--curve`` with this round's point appended: examples seen, optimizer
 steps, the round's training set (``distinct_examples``: the examples in ``WORK/shards``) and
 the distinct examples of the drafter's whole history (``distinct_examples_total``: the last
-point's, plus this round's fresh responses), held-out tau per method and kind before and after, and
-where the round's seconds went (loading, generation, training, evaluation, export).
+point's, plus this round's fresh responses), held-out tau per method and kind before and
+after, and where the round's seconds went (loading, generation, training, evaluation, export).
 ``OUT/round.json`` holds the point and the commands' summaries.
 """
 
