@@ -413,9 +413,9 @@ def _all_arrived(metrics: dict, sent: int) -> bool:
 
 def test_full_queue_gets_429_and_sigterm_during_load_exits_cleanly(pair, tmp_path):
     target, draft, cache = pair
-    # a fixed draft length: a loop quicker to compile than the adaptive one
+    # the module server's flags but the queue's: its programs, from the shared compile cache
     proc = ServerProcess(_server_args(target, draft, cache, [
-        "--max-queue", "2", "--grace-period", "60", "--draft-length", "4"]),
+        "--max-queue", "2", "--grace-period", "60"]),
         str(tmp_path / "server.log")).start()
     try:
         client = _client(proc)
