@@ -12,11 +12,6 @@ import re
 import tempfile
 import zlib
 
-# One OpenMP thread for torch's reference computations (tiny models): ./dev test runs two
-# pytest processes on two cores, and OpenMP threads that spin while waiting take the other
-# process's core. Set before torch is imported, here and in the subprocesses tests start.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-
 # The tests' programs are tiny, so XLA's CPU compile (LLVM optimisation) is most of their time:
 # compile without the expensive LLVM passes (~30% less time for the suite; the numerics are
 # XLA's own either way: fast-math stays off). DOMINO_TEST_XLA_OPT=1 keeps XLA's defaults.
