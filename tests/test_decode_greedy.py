@@ -71,10 +71,10 @@ def test_fixture_greedy_lossless(name):
                           draft_params=None if drafter is None else fdparams)
         assert result.tokens == ref, method
         assert result.accept_hist.sum() == result.rounds.sum()
-    plain = ("domino", 2) if dcfg.has_domino_head else ("dflash", 0)
-    result = run(target, params, prompts, plain[0], dcfg, dparams, head_topm=plain[1],
+    method, head_topm = ("domino", 2) if dcfg.has_domino_head else ("dflash", 0)
+    result = run(target, params, prompts, method, dcfg, dparams, head_topm=head_topm,
                  max_new_tokens=24)
-    assert result.tokens == ref, plain
+    assert result.tokens == ref, (method, head_topm)
 
 
 # -------------------------------------------------------------- permutation (forced) models

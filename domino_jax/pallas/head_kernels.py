@@ -16,8 +16,8 @@
   variant unless the backend is a TPU).
 * ``auto`` (the default): the kernel where :data:`MEASURED_FASTER` lists this device kind
   for it -- a measurement found the kernel faster end to end (``docs/design.md`` §6) --
-  else XLA (with a warning when a listed device falls back for its shapes). Listed: the
-  head on the H100; the tree kernel nowhere.
+  else XLA (with a warning when a listed device falls back for its shapes). What is listed,
+  and the measurements behind it: ``docs/design.md`` §6.
 
 :func:`fused_rollout` is ``domino_head.rollout`` (same drafts up to float32 accumulation
 order) as a loop of kernel steps; :func:`fused_tree_steps` gives ``decode.tree``'s
