@@ -32,6 +32,52 @@ def test_round_prompts_are_fresh_slices():
         campaign.round_prompts(records, 0, 0)
 
 
+def test_top_up_fills_the_short_kinds_from_the_earlier_corpus():
+    greedy = [{"id": f"m{i}", "kind": "math", "prompt": "m"} for i in range(8)] + [
+        {"id": "c0", "kind": "code", "prompt": "c"}]
+    earlier = [{"id": f"e{k}{i}", "kind": k, "prompt": k} for k in ("code", "summarize")
+               for i in range(3)]
+    mix = {"math": 0.5, "code": 0.3, "summarize": 0.2}
+    extra = campaign.top_up(greedy, earlier, mix, round_index=2)
+    kinds = [r["kind"] for r in extra]
+    # 9 greedy prompts: code wants round(2.7) = 3 (has 1), summarize round(1.8) = 2; math is over
+    assert sorted(kinds) == ["code", "code", "summarize", "summarize"]
+    assert all(r["id"].endswith("~r2") and r["id"][:-3] in {e["id"] for e in earlier}
+               for r in extra)
+    assert len({r["id"] for r in extra}) == 4                      # without repeats
+    assert campaign.top_up(greedy, earlier, mix, round_index=2) == extra   # deterministic
+    assert campaign.top_up(greedy, [], mix, round_index=2) == []
+
+
+def test_generate_phase_runs_top_up_first_within_the_sampled_reserve(tmp_path, monkeypatch):
+    from domino_jax.train import shards
+    corpus, earlier = tmp_path / "corpus", tmp_path / "earlier"
+    for folder, kind, n in ((corpus, "math", 6), (earlier, "code", 4)):
+        folder.mkdir()
+        with open(folder / "train.jsonl", "w") as f:
+            for i in range(n):
+                f.write(json.dumps({"id": f"{kind}{i}", "kind": kind, "source": "t",
+                                    "prompt": kind}) + "\n")
+    (corpus / "card.json").write_text(json.dumps({"mix": {"math": 0.5, "code": 0.5}}))
+    calls = []
+
+    def fake_generate(a):
+        with open(a.corpus) as f:
+            calls.append((a.modes, float(a.seconds), [json.loads(line)["id"] for line in f]))
+        return {"written": 0}
+
+    monkeypatch.setattr(shards, "_generate", fake_generate)
+    args = campaign.parse_args(["--round", "1", "--corpus", str(corpus), "--work", "w",
+                                "--out", "o", "--prompts-per-round", "4", "--phases", "generate",
+                                "--top-up", str(earlier), "--gen-seconds", "100"])
+    campaign.generate_phase(args, str(tmp_path))
+    (g_mode, g_seconds, g_ids), (s_mode, s_seconds, s_ids) = calls
+    assert g_mode == "greedy" and len(g_ids) == 4 and 69 < g_seconds <= 70  # 30 s kept
+    assert s_mode == "sampled" and s_seconds > 99                  # the fake took no time
+    assert [i[:4] for i in s_ids[:2]] == ["code", "code"]          # the top-up goes first
+    assert s_ids[2:] == [f"{i}~r1" for i in g_ids]
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     from converters.hf_draft import export_draft
@@ -118,7 +164,9 @@ def test_bad_arguments(setup, capsys):
     base = ["--round", "0", "--corpus", str(root / "corpus"), "--work", str(root / "w"),
             "--out", str(root / "o")]
     for extra, message in ((["--phases", "train"], "needs --init"),
-                           (["--phases", "eval"], "choose from generate,train")):
+                           (["--phases", "eval"], "choose from generate,train"),
+                           (["--top-up", str(root / "nothing")], "--top-up"),
+                           (["--sampled-share", "1.5"], "--sampled-share")):
         with pytest.raises(SystemExit) as e:
             campaign.parse_args(base + extra)
         assert e.value.code == 2 and message in capsys.readouterr().err

@@ -260,6 +260,19 @@ def test_cli_writes_files_and_read_corpus(tmp_path, capsys):
     assert sum(card["counts"]["heldout"].values()) == len(held)
     with open(out / "train.jsonl") as f:
         assert list(json.loads(f.readline())) == list(RECORD_KEYS)
+    # a follow-on corpus: new prompts only, far from every earlier one; the same held-out file
+    more = tmp_path / "more"
+    assert main(["--out", str(more), "--num-prompts", "400", "--seed", "0",
+                 "--eval-fraction", "0.1", "--extends", str(out)]) == 0
+    new = read_corpus(str(more))
+    assert read_corpus(str(more / "heldout.jsonl")) == held
+    assert len(new) > 300 and not {r["id"] for r in new} & {r["id"] for r in train + held}
+    index = NearDuplicateIndex()
+    for r in train + held:
+        index.add(r["prompt"])
+    assert all(index.add(r["prompt"]) is None for r in new)
+    extends = json.loads((more / "card.json").read_text())["extends"]
+    assert extends["earlier_prompts"] == 400 and extends["heldout"] == len(held)
 
 
 def test_read_corpus_errors(tmp_path):

@@ -13,7 +13,12 @@ A round (``--phases``, both by default; a lent GPU may run them in separate call
   greedily (new prompts give new greedy responses) and sampled at ``--temperature`` with the
   round as the seed (a sampled record's id carries ``~r<round>``, so every round's samples
   are new examples); appended to ``WORK/shards`` (:mod:`domino_jax.train.shards`, continuous
-  batching with ``--gen-queue``), within ``--gen-seconds``.
+  batching with ``--gen-queue``), within ``--gen-seconds``, of which ``--sampled-share`` is
+  kept for the sampled mode. Greedy responses are new examples only for prompts new to the
+  drafter: once a corpus is used up, continue on a follow-on corpus
+  (``python -m domino_jax.train.corpus --extends EARLIER``) and name the earlier one in
+  ``--top-up``, whose prompts, sampled afresh, bring the kinds the new corpus runs short of
+  up to their share (:func:`top_up`).
 * ``train``: ``python -m domino_jax.train`` on all of ``WORK/shards`` from ``--init`` (a
   drafter folder: params only, a fresh optimizer and schedule: a warm restart), held-out tau
   of ``--eval-methods`` at the start and the end; the result cast to bf16 (the shipped
@@ -71,6 +76,43 @@ def round_prompts(records: Sequence[dict], round_index: int, per_round: int,
     return RoundPrompts(picked, sampled)
 
 
+def top_up(greedy: Sequence[dict], earlier: Sequence[dict], mix: dict[str, float],
+           round_index: int, seed: int = 0) -> list[dict]:
+    """Earlier-corpus prompts that bring each kind of the round up to its ``mix`` share.
+
+    A follow-on corpus (``corpus --extends``) runs short of the kinds whose sources are
+    exhausted (summaries, code tasks), so its slices under-represent them and the drafter
+    forgets them (docs/design.md §25). Their greedy responses were trained on already; sampled ones
+    at a new seed are new examples. So: for each kind, ``round(len(greedy) * share)`` minus
+    the kind's greedy count records of that kind from ``earlier``, drawn afresh each round
+    (ids marked with the round, for the sampled mode only)."""
+    rng = random.Random(seed * 1_000_003 + round_index)
+    have: dict[str, int] = {}
+    for r in greedy:
+        have[r.get("kind", "")] = have.get(r.get("kind", ""), 0) + 1
+    extra = []
+    for kind, share in sorted(mix.items()):
+        want = round(len(greedy) * share) - have.get(kind, 0)
+        pool = [r for r in earlier if r.get("kind") == kind]
+        if want <= 0 or not pool:
+            continue
+        picked = rng.sample(pool, want) if want <= len(pool) else rng.choices(pool, k=want)
+        extra += [dict(r, id=SAMPLED_ID.format(id=r["id"], round=round_index)) for r in picked]
+    return extra
+
+
+def corpus_mix(corpus_dir: str) -> dict[str, float]:
+    """The kind shares the corpus was built for (its card's ``mix``), else the default."""
+    from domino_jax.train.corpus import DEFAULT_MIX
+    card = os.path.join(corpus_dir, "card.json")
+    if os.path.isfile(card):
+        with open(card) as f:
+            mix = json.load(f).get("mix")
+        if mix:
+            return {k: float(v) for k, v in mix.items()}
+    return dict(DEFAULT_MIX)
+
+
 def read_curve(path: str | None) -> list[dict]:
     if not path or not os.path.isfile(path):
         return []
@@ -115,12 +157,19 @@ def generate_phase(args, work: str) -> dict:
 
     prompts = round_prompts(_read_jsonl(os.path.join(args.corpus, "train.jsonl")), args.round,
                             args.prompts_per_round, args.prompt_seed)
+    sampled = prompts.sampled
+    if args.top_up:
+        sampled = top_up(prompts.greedy,
+                         _read_jsonl(os.path.join(args.top_up, "train.jsonl")),
+                         corpus_mix(args.corpus), args.round, args.prompt_seed) + sampled
     summaries = {}
     deadline = time.perf_counter() + args.gen_seconds
-    for mode, records in (("greedy", prompts.greedy), ("sampled", prompts.sampled)):
+    for mode, records in (("greedy", prompts.greedy), ("sampled", sampled)):
         if mode not in args.modes:
             continue
         left = deadline - time.perf_counter()
+        if mode == "greedy" and "sampled" in args.modes:
+            left -= args.sampled_share * args.gen_seconds    # the sampled mode's reserve
         if left <= 0:
             summaries[mode] = {"skipped": "no time left"}
             continue
@@ -193,6 +242,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-seed", type=int, default=0)
     p.add_argument("--modes", default="greedy,sampled")
     p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--sampled-share", type=float, default=0.3,
+                   help="share of --gen-seconds kept for the sampled mode (default 0.3)")
+    p.add_argument("--top-up", default=None, metavar="EARLIER_CORPUS",
+                   help="an earlier corpus folder: its prompts, sampled afresh, fill each "
+                        "kind up to the corpus's mix share (a follow-on corpus's short kinds)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--gen-batch-size", type=int, default=1024)
     p.add_argument("--gen-queue", type=int, default=4)
@@ -220,8 +274,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error(f"--phases {','.join(args.phases)}: choose from generate,train")
     if "train" in args.phases and not args.init:
         p.error("--phases train needs --init (the drafter folder to start from)")
-    if not os.path.isfile(os.path.join(args.corpus, "train.jsonl")):
-        p.error(f"--corpus {args.corpus!r}: no train.jsonl there")
+    for flag, folder in (("--corpus", args.corpus), ("--top-up", args.top_up)):
+        if folder and not os.path.isfile(os.path.join(folder, "train.jsonl")):
+            p.error(f"{flag} {folder!r}: no train.jsonl there")
+    if not 0.0 <= args.sampled_share < 1.0:
+        p.error(f"--sampled-share must be in [0, 1), got {args.sampled_share}")
     return args
 
 

@@ -1,7 +1,8 @@
 """The offline prompt corpus for self-distillation.
 
     python -m domino_jax.train.corpus --out DIR --num-prompts 60000 --seed 0 \\
-        [--eval-fraction 0.02] [--exclude FILE ...] [--self-instruct N --target DIR]
+        [--eval-fraction 0.02] [--exclude FILE ...] [--self-instruct N --target DIR] \\
+        [--extends EARLIER_DIR]
 
 writes ``DIR/train.jsonl`` and ``DIR/heldout.jsonl`` (one record a line: ``{"id": 16 hex
 digits = sha256 of the normalised prompt, "kind", "source", "prompt"}``) and ``DIR/card.json``
@@ -24,6 +25,10 @@ a number in [0, 1), is below ``--eval-fraction``; the rule is the same for every
 depends on the prompt alone, so a prompt held out in one build is held out in every build.
 Because near-duplicates are removed over the whole corpus before the split, no training
 prompt is a near-duplicate of a held-out prompt.
+
+``--extends EARLIER_DIR`` builds a follow-on corpus for later rounds of a training campaign:
+only prompts that are neither exact nor near duplicates of the earlier corpus's, none sharing
+an n-gram with its held-out split, and that split copied as this corpus's held-out file.
 
 Python API: :func:`build_corpus`, :func:`write_corpus`, :func:`read_corpus`.
 """
@@ -178,6 +183,12 @@ class _Filters:
         self.ids.add(pid)
         return pid
 
+    def index(self, prompt: str) -> None:
+        """Count ``prompt`` as already taken (an earlier corpus's), without the other checks."""
+        normalised = normalise(prompt)
+        self.ids.add(normalised_id(normalised))
+        self.near.add_words(words_of(normalised))
+
     def _reject(self, reason: str, source: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
         family = ".".join(source.split(".")[:2])
@@ -230,11 +241,14 @@ def build_corpus(num_prompts: int, seed: int = 0, *, mix: dict[str, float] | Non
                  exclude_ngram: int = 8, near_threshold: float = 0.8,
                  sources: Sequence[Source] | None = None, extra: Sequence[dict] = (),
                  doc_packages: Sequence[str] = corpus_text.DOC_PACKAGES,
-                 text_dir: str | None = None) -> Corpus:
+                 text_dir: str | None = None, earlier: Sequence[dict] = ()) -> Corpus:
     """``num_prompts`` distinct prompts (fewer only if every source of a kind runs dry and
     no other kind can take its share), split into train / held-out, plus ``extra`` records
     (``{"kind", "source", "prompt"}``, e.g. self-instruct prompts) that pass the same filters
-    first and come on top."""
+    first and come on top.
+
+    ``earlier``: records of an earlier corpus (train and held-out). They are indexed first,
+    so no new prompt is an exact or near duplicate of one of them; they are not returned."""
     if num_prompts < 1:
         raise ValueError(f"num_prompts must be >= 1, got {num_prompts}")
     if not 0.0 <= eval_fraction < 1.0:
@@ -243,6 +257,8 @@ def build_corpus(num_prompts: int, seed: int = 0, *, mix: dict[str, float] | Non
     mix = dict(DEFAULT_MIX if mix is None else mix)
     sources = list(default_sources(seed, doc_packages, text_dir) if sources is None else sources)
     filters = _Filters(BenchmarkFilter(exclude_files, ngram=exclude_ngram), near_threshold)
+    for record in earlier:
+        filters.index(record["prompt"])
     records: list[dict] = []
     templated = 0
     for record in extra:
@@ -294,6 +310,20 @@ def build_corpus(num_prompts: int, seed: int = 0, *, mix: dict[str, float] | Non
                  templated=templated, doc_packages=doc_packages, text_dir=text_dir,
                  seconds=seconds, cpu_seconds=cpu_seconds)
     return Corpus(train, heldout, card)
+
+
+def extend(corpus: Corpus, earlier_heldout: list[dict], earlier_dir: str,
+           earlier_count: int) -> Corpus:
+    """A follow-on corpus: ``corpus``'s training prompts, and the earlier corpus's held-out
+    split in place of its own (new prompts that hash as held-out are dropped, so that the
+    held-out rule stays one rule over every build and later rounds evaluate on one split)."""
+    card = dict(corpus.card)
+    card["extends"] = {"dir": earlier_dir, "earlier_prompts": earlier_count,
+                       "heldout": len(earlier_heldout),
+                       "new_heldout_dropped": len(corpus.heldout)}
+    card["counts"] = dict(card["counts"], heldout=_count(earlier_heldout, "kind"),
+                          total=_count(corpus.train + earlier_heldout, "kind"))
+    return Corpus(corpus.train, list(earlier_heldout), card)
 
 
 def _count(records, key) -> dict[str, int]:
@@ -406,6 +436,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="held-out share by hash (default 0.02)")
     parser.add_argument("--exclude", nargs="+", action="extend", default=[], metavar="FILE",
                         help=".jsonl / .txt of texts whose word n-grams no prompt may share")
+    parser.add_argument("--extends", default=None, metavar="DIR",
+                        help="an earlier corpus: new prompts only (no exact or near duplicate "
+                             "of its prompts, no n-gram overlap with its held-out split), and "
+                             "its heldout.jsonl as this corpus's held-out split")
     parser.add_argument("--exclude-ngram", type=int, default=8)
     parser.add_argument("--near-threshold", type=float, default=0.8,
                         help="word-5-gram Jaccard at or above which prompts are near-duplicates")
@@ -445,6 +479,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for path in args.exclude:
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"--exclude file {path!r} not found")
+        exclude, earlier_heldout, earlier = list(args.exclude), [], []
+        if args.extends:
+            earlier_heldout = read_corpus(os.path.join(args.extends, "heldout.jsonl"))
+            earlier = read_corpus(os.path.join(args.extends, "train.jsonl")) + earlier_heldout
+            exclude.append(os.path.join(args.extends, "heldout.jsonl"))
         if args.text_dir and not os.path.isdir(args.text_dir):
             raise FileNotFoundError(f"--text-dir {args.text_dir!r} is not a directory")
         if args.target and not os.path.isdir(args.target):
@@ -460,10 +499,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                        max_new_tokens=args.self_instruct_max_new_tokens,
                                        dtype=args.dtype)
     corpus = build_corpus(args.num_prompts, args.seed, mix=mix, eval_fraction=args.eval_fraction,
-                          exclude_files=args.exclude, exclude_ngram=args.exclude_ngram,
+                          exclude_files=exclude, exclude_ngram=args.exclude_ngram,
                           near_threshold=args.near_threshold, extra=extra,
                           doc_packages=[p for p in args.doc_packages.split(",") if p],
-                          text_dir=args.text_dir)
+                          text_dir=args.text_dir, earlier=earlier)
+    if args.extends:
+        corpus = extend(corpus, earlier_heldout, args.extends, len(earlier))
     kept = sum(r["source"] == "self_instruct" for r in corpus.train + corpus.heldout)
     corpus.card["self_instruct"] = {"requested": args.self_instruct, "written": len(extra),
                                     "kept": kept, "target": args.target}
