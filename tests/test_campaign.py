@@ -128,12 +128,14 @@ def test_two_rounds(setup):
     out0 = _round(root, 0, root / "init")
     distinct0 = len(ShardDataset(str(root / "work" / "shards")))
     assert distinct0 == 8                                   # 4 greedy + 4 sampled
-    out1 = _round(root, 1, root / "work" / "round-0" / "draft-bf16", out0 / "curve.json")
+    # round 1 on a deadline: it ends after its first step, evaluated and exported all the same
+    out1 = _round(root, 1, root / "work" / "round-0" / "draft-bf16", out0 / "curve.json",
+                  max_seconds=0)
     with open(out1 / "curve.json") as f:
         curve = json.load(f)
     assert [p["round"] for p in curve] == [0, 1]
-    assert [p["steps_total"] for p in curve] == [2, 4]
-    assert [p["examples_seen_total"] for p in curve] == [4, 8]
+    assert [p["steps_total"] for p in curve] == [2, 3]
+    assert [p["examples_seen_total"] for p in curve] == [4, 6]
     assert [p["distinct_examples"] for p in curve] == [8, 16]
     assert [p["distinct_examples_total"] for p in curve] == [8, 16]      # fresh each round
     for p in curve:
@@ -149,11 +151,6 @@ def test_two_rounds(setup):
         assert (restored / name).read_bytes() == (bf16 / name).read_bytes()
     parts = [f for f in (out1 / "draft").rglob("part-*")]
     assert len(parts) >= 2 and all(f.stat().st_size <= 0.02 * 2 ** 20 for f in parts)
-    # a deadline: the round ends after its first step, evaluated and exported all the same
-    out2 = _round(root, 2, root / "work" / "round-1" / "draft-bf16", out1 / "curve.json",
-                  max_seconds=0)
-    with open(out2 / "curve.json") as f:
-        assert [p["steps_total"] for p in json.load(f)] == [2, 4, 5]
     with open(out1 / "round.json") as f:
         record = json.load(f)
     assert record["point"] == curve[-1] and record["generate"]["greedy"]["written"] == 4
