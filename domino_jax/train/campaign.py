@@ -82,10 +82,11 @@ def top_up(greedy: Sequence[dict], earlier: Sequence[dict], mix: dict[str, float
 
     A follow-on corpus (``corpus --extends``) runs short of the kinds whose sources are
     exhausted (summaries, code tasks), so its slices under-represent them and the drafter
-    forgets them (docs/design.md §25). Their greedy responses were trained on already; sampled ones
-    at a new seed are new examples. So: for each kind, ``round(len(greedy) * share)`` minus
-    the kind's greedy count records of that kind from ``earlier``, drawn afresh each round
-    (ids marked with the round, for the sampled mode only)."""
+    forgets them (docs/design.md §25). Their greedy responses were trained on already;
+    sampled ones at a new seed are new examples. So: for each kind,
+    ``round(len(greedy) * share)`` minus the kind's greedy count records of that kind from
+    ``earlier``, drawn afresh each round (ids marked with the round, for the sampled mode
+    only)."""
     rng = random.Random(seed * 1_000_003 + round_index)
     have: dict[str, int] = {}
     for r in greedy:
