@@ -1,6 +1,7 @@
 """The OpenAI-compatible server (domino_jax/serve): a real ``python -m domino_jax.serve``
-process on 127.0.0.1 with the tiny reference pair (tests/serve_helpers.py: Domino with
-adaptive widths, the CLI's default method), queried with the ``openai`` client and raw HTTP.
+process on 127.0.0.1 with the tiny reference pair (tests/serve_helpers.py: Domino with 4
+drafts a round, one program to compile; the adaptive engine that the default flags build is
+tests/test_serving.py's, in process), queried with the ``openai`` client and raw HTTP.
 
 At T = 0 every response (chat and completion, streamed or not) equals the offline
 ``generate`` of its prompt with the server's own config token for token; a load of 64
@@ -28,6 +29,7 @@ from serve_helpers import EOS, ServerProcess, get, make_pair, post, word  # noqa
 
 SLOTS, MAX_NEW, MAX_PROMPT = 4, 256, 32
 LONG = 120                    # tokens of the requests live at SIGTERM
+DOMINO = ["--draft-length", "4"]          # the served method's flags beside _server_args'
 
 
 def _server_args(target, draft, cache, extra=()):
@@ -45,11 +47,11 @@ def pair(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def launched(pair, tmp_path_factory):
-    """The server under test: Domino with adaptive widths (the CLI's default) on the pair,
-    started first: it compiles while :func:`offline` runs."""
+    """The server under test: Domino, 4 drafts a round, on the pair, started first: it
+    compiles while :func:`offline` runs."""
     target, draft, cache = pair
     log = str(tmp_path_factory.mktemp("log") / "server.log")
-    proc = ServerProcess(_server_args(target, draft, cache, ["--max-queue", "64"]), log)
+    proc = ServerProcess(_server_args(target, draft, cache, DOMINO + ["--max-queue", "64"]), log)
     try:
         yield proc.launch()
     finally:
@@ -90,7 +92,7 @@ def launched_config(target, draft):
     from domino_jax.serve.__main__ import build_parser
     from domino_jax.serve.engine import Engine
 
-    d = load_decoder(build_parser().parse_args(_server_args(target, draft, "off")))
+    d = load_decoder(build_parser().parse_args(_server_args(target, draft, "off", DOMINO)))
     return Engine(d.target, d.target_params, d.drafter, d.draft_params, d.config,
                   slots=SLOTS, max_prompt_tokens=MAX_PROMPT).config
 
@@ -160,6 +162,16 @@ def _metrics(server) -> dict:
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
     return out
+
+
+def test_default_flags_serve_adaptive_widths(pair):
+    """Without ``--draft-length`` the server runs the CLI's default: the adaptive policy."""
+    from domino_jax.decode.__main__ import load_decoder
+    from domino_jax.serve.__main__ import build_parser
+
+    target, draft, _ = pair
+    d = load_decoder(build_parser().parse_args(["--target", target, "--draft", draft]))
+    assert d.config.method == "domino" and d.config.adaptive is not None
 
 
 def test_health_models_and_metrics(server):
@@ -414,7 +426,7 @@ def _all_arrived(metrics: dict, sent: int) -> bool:
 def test_full_queue_gets_429_and_sigterm_during_load_exits_cleanly(pair, tmp_path):
     target, draft, cache = pair
     # the module server's flags but the queue's: its programs, from the shared compile cache
-    proc = ServerProcess(_server_args(target, draft, cache, [
+    proc = ServerProcess(_server_args(target, draft, cache, DOMINO + [
         "--max-queue", "2", "--grace-period", "60"]),
         str(tmp_path / "server.log")).start()
     try:
