@@ -37,6 +37,7 @@ after, and where the round's seconds went (loading, generation, training, evalua
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import json
 import logging
@@ -88,12 +89,10 @@ def top_up(greedy: Sequence[dict], earlier: Sequence[dict], mix: dict[str, float
     ``earlier``, drawn afresh each round (ids marked with the round, for the sampled mode
     only)."""
     rng = random.Random(seed * 1_000_003 + round_index)
-    have: dict[str, int] = {}
-    for r in greedy:
-        have[r.get("kind", "")] = have.get(r.get("kind", ""), 0) + 1
+    have = collections.Counter(r.get("kind", "") for r in greedy)
     extra = []
     for kind, share in sorted(mix.items()):
-        want = round(len(greedy) * share) - have.get(kind, 0)
+        want = round(len(greedy) * share) - have[kind]
         pool = [r for r in earlier if r.get("kind") == kind]
         if want <= 0 or not pool:
             continue
