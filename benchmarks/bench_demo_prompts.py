@@ -17,7 +17,8 @@ histogram and whether the outputs equal AR's, as JSON and Markdown in ``--out``.
 arms, ``--adaptive-lookup``; its arm histogram is reported), ``--ngram`` the prompt lookup
 alone (``--method ngram``, the CLI defaults); ``--prompt-file F --per-kind N`` takes the
 first N prompts of each kind of a ``{prompt, kind}`` JSONL file (the corpus's
-``heldout.jsonl``) instead of the built-in prompts. A summary per run closes the Markdown:
+``heldout.jsonl``) instead of the built-in prompts, in turn over the kinds, the first
+``--prompts`` of them. A summary per run closes the Markdown:
 the geometric mean of the speedups and the mean tau. With lookup arms, ``domino auto`` runs
 on the drafter arms' costs of ``domino auto+lookup``'s calibration (one calibration per
 prompt: the two differ by the lookup arms only, not by calibration noise).
@@ -55,7 +56,8 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--no-fixed", dest="fixed", action="store_false",
                    help="skip the fixed-width (16 drafts) run")
-    p.add_argument("--prompts", type=int, default=len(PROMPTS), help="first N prompts")
+    p.add_argument("--prompts", type=int, default=None,
+                   help="first N prompts (with --prompt-file: taken round-robin over kinds)")
     p.add_argument("--prompt-file", default=None,
                    help="a {prompt, kind} JSONL file (with --per-kind) instead of PROMPTS")
     p.add_argument("--per-kind", type=int, default=2)
@@ -108,8 +110,9 @@ def main(argv=None):
         from domino_jax.train.evaluate import read_eval_prompts
 
         by_kind = read_eval_prompts(args.prompt_file, args.per_kind)
-        texts = [q for k in by_kind for q in by_kind[k]]
-        kinds = [k for k in by_kind for _ in by_kind[k]]
+        pairs = [(by_kind[k][i], k) for i in range(args.per_kind) for k in by_kind
+                 if i < len(by_kind[k])][:args.prompts]   # round-robin: every kind early
+        texts, kinds = [q for q, _ in pairs], [k for _, k in pairs]
     cost_model = CostModel(path=args.cost_table or os.path.join(args.out,
                                                                 "demo_prompts_costs.json"))
     stamp = _dt.datetime.now().strftime("%Y-%m-%d_%H%M%S")
