@@ -171,7 +171,7 @@ def measure_shape(args, name: str, peak: float, bandwidth: float, chunk_rows: in
     from domino_jax.models.qwen3 import TargetLM
     from domino_jax.train.cost import predict_step, step_cost
     from domino_jax.train.loss import init_draft_params
-    from domino_jax.train.step import (compile_step, init_state, make_train_mesh,
+    from domino_jax.train.step import (compile_step, horizon_array, init_state, make_train_mesh,
                                        make_train_step, model_flops, place, shard_batch)
 
     target_cfg, draft, cfg, seq_len = settings(args, name, chunk_rows)
@@ -201,13 +201,13 @@ def measure_shape(args, name: str, peak: float, bandwidth: float, chunk_rows: in
                          "loss_mask": np.ones(shape, np.int32)}, mesh)
     t0 = time.perf_counter()
     step_fn = make_train_step(cfg, draft, target, mesh, s_shard, t_shard)
-    compiled, xla_flops = compile_step(step_fn, state, batch, tparams)
+    compiled, xla_flops = compile_step(step_fn, state, batch, tparams, cfg.steps)
     entry["compile_s"] = time.perf_counter() - t0
     log(f"{name}: compiled in {entry['compile_s']:.1f}s")
     times = []
     for i in range(args.warmup + args.steps):
         t0 = time.perf_counter()
-        state, metrics = compiled(state, batch, tparams)
+        state, metrics = compiled(state, batch, tparams, horizon_array(cfg.steps))
         jax.block_until_ready((state, metrics))
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)

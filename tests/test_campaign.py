@@ -102,7 +102,7 @@ def setup(tmp_path_factory):
     return root
 
 
-def _round(root, index, init, curve=None, max_seconds=600):
+def _round(root, index, init, curve=None, max_seconds=600, extra=()):
     out = root / f"out{index}"
     argv = ["--round", str(index), "--corpus", str(root / "corpus"), "--work",
             str(root / "work"), "--out", str(out), "--init", str(init),
@@ -116,7 +116,7 @@ def _round(root, index, init, curve=None, max_seconds=600):
             "--train-args", f"--dtype float32 --no-progress --max-seconds {max_seconds} --seed 0"]
     if curve:
         argv += ["--curve", str(curve)]
-    assert campaign.main(argv) == 0
+    assert campaign.main(argv + list(extra)) == 0
     return out
 
 
@@ -125,12 +125,16 @@ def test_two_rounds(setup):
     from domino_jax.train.shard_store import ShardDataset
 
     root = setup
-    out0 = _round(root, 0, root / "init")
+    out0 = _round(root, 0, root / "init", extra=["--initial-eval"])
     distinct0 = len(ShardDataset(str(root / "work" / "shards")))
     assert distinct0 == 8                                   # 4 greedy + 4 sampled
-    # round 1 on a deadline: it ends after its first step, evaluated and exported all the same
-    out1 = _round(root, 1, root / "work" / "round-0" / "draft-bf16", out0 / "curve.json",
-                  max_seconds=0)
+    # round 1 in two calls, the second on a deadline that leaves no time for training: it
+    # ends after its first step, evaluated and exported all the same; the first call's
+    # responses still count as the round's new examples
+    init1 = root / "work" / "round-0" / "draft-bf16"
+    _round(root, 1, init1, out0 / "curve.json", extra=["--phases", "generate"])
+    out1 = _round(root, 1, init1, out0 / "curve.json",
+                  extra=["--phases", "train", "--deadline-seconds", "1"])
     with open(out1 / "curve.json") as f:
         curve = json.load(f)
     assert [p["round"] for p in curve] == [0, 1]
@@ -141,7 +145,7 @@ def test_two_rounds(setup):
     for p in curve:
         assert set(p["tau"]) == {"dflash", "domino", "domino:T1"}
         assert all(1.0 <= t <= 4.0 for t in p["tau"]["domino"].values())
-        assert p["tau_before"] is not None
+    assert curve[0]["tau_before"] is not None and curve[1]["tau_before"] is None
     # the parts restore the round's bf16 drafter byte for byte
     restored = root / "restored"
     join_parts(str(out1 / "draft"), str(restored))
@@ -153,7 +157,9 @@ def test_two_rounds(setup):
     assert len(parts) >= 2 and all(f.stat().st_size <= 0.02 * 2 ** 20 for f in parts)
     with open(out1 / "round.json") as f:
         record = json.load(f)
-    assert record["point"] == curve[-1] and record["generate"]["greedy"]["written"] == 4
+    assert record["point"] == curve[-1] and record["phases"] == ["train"]
+    with open(root / "work" / "round-1-generate.json") as f:
+        assert json.load(f)["greedy"]["written"] == 4
 
 
 def test_bad_arguments(setup, capsys):

@@ -69,6 +69,47 @@ def test_lambda_schedule():
     assert float(lambda_schedule(3, 0, 1.0, 0.0)) == pytest.approx(0.0)  # decay_steps >= 1
 
 
+def test_learning_rate_is_optaxs_warmup_cosine_at_the_default_horizon():
+    import optax
+
+    from domino_jax.train.step import learning_rate
+
+    for steps, ratio in ((200, 0.04), (30, 0.05), (10, 0.0)):
+        cfg = TrainConfig(steps=steps, lr=3e-4, warmup_ratio=ratio)
+        ref = optax.warmup_cosine_decay_schedule(0.0, 3e-4, max(1, int(steps * ratio)), steps,
+                                                 end_value=0.0)
+        counts = np.arange(steps + 2)
+        np.testing.assert_allclose(learning_rate(cfg, counts), ref(counts), rtol=1e-5,
+                                   atol=1e-10)
+    cfg = TrainConfig(steps=1000, lr=1.0, warmup_ratio=0.1)
+    assert float(learning_rate(cfg, 50, horizon=100)) == pytest.approx(0.5 * (1 + np.cos(
+        np.pi * 40 / 90)), rel=1e-5)        # warmup 10 of a 100-step horizon, then cosine
+    assert float(learning_rate(cfg, 100, horizon=100)) == 0.0
+
+
+def test_fitted_horizon():
+    from domino_jax.train.loop import fitted_horizon
+
+    assert fitted_horizon(10, 5.0, 0, 0.0, 1000) == 1000           # nothing timed yet
+    assert fitted_horizon(10, 5.0, 9, 0.9, 1000) == 60              # 0.1 s a step, 50 more
+    assert fitted_horizon(10, 500.0, 9, 0.9, 1000) == 1000          # at most the steps
+    assert fitted_horizon(10, 0.05, 9, 0.9, 1000) == 10             # no step fits: ends
+    assert fitted_horizon(10, -1.0, 9, 0.9, 1000) == 10
+
+
+def test_deadline_run_fits_its_schedule(target_params, tmp_path):
+    """A run on a deadline with far more steps than fit ends with its schedules run out: the
+    learning rate near 0, the Domino lambda at 0 (the horizon fitted at every step)."""
+    result = tiny_task_run("domino", target_params, tmp_path, cfg=dict(steps=100_000),
+                           max_seconds=1.5)
+    last = result.history[-1]
+    assert 5 < last["step"] < 100_000
+    assert last["horizon"] - last["step"] <= 2, last
+    assert last["lr"] < 0.02 * TINY_TASK["lr"] and last["lambda"] < 0.05, last
+    peak = max(h["lr"] for h in result.history)
+    assert peak > 0.5 * TINY_TASK["lr"]                             # it warmed up first
+
+
 def test_anchor_sampler_validity():
     rng = np.random.default_rng(1)
     seq_len, n = 24, 6

@@ -107,8 +107,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "--draft-layers/--block-size/--gru-hidden-dim/--emb-dim/--mask-token-id")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--max-seconds", type=float, default=None,
-                   help="end the run (evaluate, checkpoint, export) after the first step "
-                        "finishing this many seconds into the training loop (a deadline)")
+                   help="a deadline: end the run (evaluate, checkpoint, export) after the "
+                        "first step finishing this many seconds into the training loop, the "
+                        "learning rate and lambda schedules fitted to the steps that fit")
     # long runs: resume from elsewhere, checkpoints kept, held-out tau (train/README.md)
     p.add_argument("--resume-from", default=None, metavar="DIR",
                    help="continue from the latest checkpoint of this run / checkpoint folder "
@@ -121,6 +122,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "tau with the real decode loop, written to OUT/curve.json")
     p.add_argument("--eval-every", type=int, default=0,
                    help="steps between evaluations (0: at the start and the end only)")
+    p.add_argument("--no-eval-at-start", dest="eval_at_start", action="store_false",
+                   help="skip the step-0 evaluation (the starting drafter's tau is known)")
     p.add_argument("--eval-max-new-tokens", type=int, default=32)
     p.add_argument("--eval-num-prompts", type=int, default=8, help="prompts per kind")
     p.add_argument("--eval-methods", default=None,
@@ -160,7 +163,7 @@ def eval_config_from_args(args: argparse.Namespace):
     return EvalConfig(prompts=args.eval_prompts, every=args.eval_every,
                       max_new_tokens=args.eval_max_new_tokens,
                       num_prompts=args.eval_num_prompts, methods=methods,
-                      batch_size=args.eval_batch_size)
+                      batch_size=args.eval_batch_size, at_start=args.eval_at_start)
 
 
 def with_recipe_options(cfg: TrainConfig, args: argparse.Namespace) -> TrainConfig:

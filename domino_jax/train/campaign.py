@@ -21,7 +21,10 @@ A round (``--phases``, both by default; a lent GPU may run them in separate call
   up to their share (:func:`top_up`).
 * ``train``: ``python -m domino_jax.train`` on all of ``WORK/shards`` from ``--init`` (a
   drafter folder: params only, a fresh optimizer and schedule: a warm restart), held-out tau
-  of ``--eval-methods`` at the start and the end; the result cast to bf16 (the shipped
+  of ``--eval-methods`` at the end (and at the start with ``--initial-eval``); with
+  ``--deadline-seconds`` (a lent machine's limit for the whole command) training stops in
+  time for the evaluation and the export, its schedules fitted to the steps that fit
+  (docs/design.md §26); the result cast to bf16 (the shipped
   drafters' dtype) into ``WORK/round-<r>/draft-bf16`` (the next round's ``--init``) and
   split into checksummed parts of at most ``--part-mib`` in ``OUT/draft``
   (``python -m domino_jax.train.parts join OUT/draft DIR`` restores it).
@@ -183,11 +186,33 @@ def generate_phase(args, work: str) -> dict:
         if args.target:
             argv += ["--target", args.target]
         summaries[mode] = shards._generate(shards.build_parser().parse_args(argv))
+    with open(_generate_record(work, args.round), "w") as f:   # for a later --phases train
+        json.dump(summaries, f, indent=1, default=str)
     return summaries
 
 
-def train_phase(args, work: str, out: str) -> dict:
-    """Train from ``--init`` on ``WORK/shards``; cast, split and report."""
+def _generate_record(work: str, round_index: int) -> str:
+    return os.path.join(work, f"round-{round_index}-generate.json")
+
+
+def train_seconds_left(args, t_start: float) -> float | None:
+    """The training loop's deadline (``--max-seconds``): what ``--deadline-seconds`` leaves
+    after the time spent and ``--finish-seconds`` (the target's loading, the step's
+    compile, the final evaluation and the export), or ``--train-args``' own
+    ``--max-seconds`` if that is sooner; ``None`` without either."""
+    own = None
+    if "--max-seconds" in args.train_args:
+        own = float(args.train_args[args.train_args.index("--max-seconds") + 1])
+    if args.deadline_seconds is None:
+        return own
+    left = max(0.0, args.deadline_seconds - (time.perf_counter() - t_start)
+               - args.finish_seconds)
+    return left if own is None else min(own, left)
+
+
+def train_phase(args, work: str, out: str, max_seconds: float | None = None) -> dict:
+    """Train from ``--init`` on ``WORK/shards`` (within ``max_seconds`` of steps, the
+    schedules fitted to them); cast, split and report."""
     from converters.hf_draft import cast_draft
     from domino_jax.train import __main__ as train_cli
     from domino_jax.train.checkpoint_parts import split_directory
@@ -206,6 +231,10 @@ def train_phase(args, work: str, out: str) -> dict:
             # every held-out prompt in one batch: one padded width, one compile per method
             "--eval-batch-size", str(args.eval_num_prompts * _kinds(args.corpus)),
             "--eval-methods", ",".join(args.eval_methods)] + args.train_args
+    if not args.initial_eval:
+        argv += ["--no-eval-at-start"]
+    if max_seconds is not None:
+        argv += ["--max-seconds", f"{max_seconds:.1f}"]     # the last one counts
     if args.target:
         argv += ["--target", args.target]
     t0 = time.perf_counter()
@@ -262,6 +291,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-num-prompts", type=int, default=16, help="per kind")
     p.add_argument("--eval-max-new-tokens", type=int, default=64)
     p.add_argument("--part-mib", type=float, default=15.0)
+    p.add_argument("--initial-eval", action="store_true",
+                   help="also evaluate --init before training (the curve's last point holds "
+                        "its tau when it is the last round's drafter)")
+    p.add_argument("--deadline-seconds", type=float, default=None,
+                   help="the whole command's time limit (a lent machine's): training stops "
+                        "in time for --finish-seconds, its schedules fitted to it")
+    p.add_argument("--finish-seconds", type=float, default=200.0,
+                   help="kept after training's deadline for loading, compiling, the final "
+                        "evaluation and the export (default 200: a fresh GPU machine's)")
     p.add_argument("--train-args", default="", help="more `python -m domino_jax.train` flags")
     add_verbose_flag(p)
     args = p.parse_args(argv)
@@ -295,14 +333,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         record["generate"] = generate_phase(args, args.work)
         record["generate_seconds"] = time.perf_counter() - t0
     if "train" in args.phases:
-        record["train"] = train_phase(args, args.work, args.out)
+        record["train"] = train_phase(args, args.work, args.out,
+                                      train_seconds_left(args, t_start))
         done, steps = totals(curve), record["train"]["steps"]   # fewer on a deadline
+        generated = record.get("generate")
+        if generated is None and os.path.isfile(_generate_record(args.work, args.round)):
+            with open(_generate_record(args.work, args.round)) as f:   # an earlier call's
+                generated = json.load(f)
         point = {"round": args.round, "init": os.path.abspath(args.init),
                  "steps_round": steps, "steps_total": done["steps"] + steps,
                  "examples_seen_total": done["examples_seen"] + steps * args.batch_size,
                  "distinct_examples": record["train"]["distinct_examples"],
                  "distinct_examples_total": done["distinct"] + sum(
-                     int(g.get("written", 0)) for g in record.get("generate", {}).values()),
+                     int(g.get("written", 0)) for g in (generated or {}).values()),
                  "tau_before": record["train"]["tau_before"],
                  "tau": record["train"]["tau_after"], "loss": record["train"]["loss"],
                  "seconds": {"generate": record.get("generate_seconds"),

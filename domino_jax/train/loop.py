@@ -50,8 +50,8 @@ from domino_jax.train.distributed import check_process_count, is_primary, step_b
 from domino_jax.train.evaluate import (EvalConfig, HeldoutEvaluator, best_metric,
                                        default_methods, encode_prompts, read_eval_prompts)
 from domino_jax.train.loss import init_draft_params
-from domino_jax.train.step import (init_state, make_lr, make_train_mesh, make_train_step,
-                                   model_flops, place, compile_step)
+from domino_jax.train.step import (horizon_array, init_state, learning_rate, make_train_mesh,
+                                   make_train_step, model_flops, place, compile_step)
 
 log = logging.getLogger(__name__)
 MASK_EMBEDDING = "mask_embedding"
@@ -197,6 +197,18 @@ class _Window:
         return sums["loss"] / sums["steps"], sums["correct"] / max(sums["count"], 1.0)
 
 
+def fitted_horizon(step: int, seconds_left: float, timed_steps: int, timed_seconds: float,
+                   steps: int) -> int:
+    """The schedules' horizon for a run on a deadline: ``step`` plus the steps that
+    ``seconds_left`` allow at the mean step time measured (``timed_seconds`` over
+    ``timed_steps``), at most ``steps``; ``steps`` until a step is timed; ``step`` itself
+    (the run ends) when not one more step fits (docs/design.md §26)."""
+    if timed_steps < 1 or timed_seconds <= 0.0:
+        return steps
+    more = int(max(seconds_left, 0.0) * timed_steps / timed_seconds)
+    return min(steps, step + more)
+
+
 def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_dir: str,
           draft_layers: int = 2, block_size: int = 16, gru_hidden_dim: int = 256,
           emb_dim: int = 64, mask_token_id: int | None = None, resume: bool = False,
@@ -218,10 +230,13 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
     folder's chat template. ``keep_checkpoints``: last K kept; ``keep_best``: also
     ``out_dir/best/`` (highest held-out tau) exported as ``draft-best/``.
     ``stop_after``: leave the loop after that global step (as if interrupted; tests).
-    ``max_seconds``: end the run after the first step that finishes that many seconds into
-    the loop (compile and the first evaluation excluded): that step is treated as the last
-    (evaluated, checkpointed, exported), the learning-rate schedule stays the one of
-    ``cfg.steps`` (a deadline for a lent machine, not a shorter schedule)."""
+    ``max_seconds``: a deadline for a lent machine: end the run after the first step that
+    finishes that many seconds into the loop (compile and the first evaluation excluded),
+    that step treated as the last (evaluated, checkpointed, exported); and fit the schedules
+    to it: their horizon (where the learning rate's cosine reaches 0 and the Domino lambda
+    its decay) is ``min(cfg.steps, the steps the seconds allow at the step time measured so
+    far)``, estimated again after every step, and the run ends there (docs/design.md §26).
+    Without it the horizon is ``cfg.steps``."""
     from tqdm.auto import tqdm
 
     compute = jnp.dtype(cfg.compute_dtype)
@@ -331,7 +346,9 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
     first, first_tokens = step_batch(examples, start, cfg, mesh)
     t0 = time.perf_counter()
     # the step does not read the cadence settings: runs differing only there share a program
-    step_cfg = dataclasses.replace(cfg, **{k: getattr(TrainConfig, k) for k in RESUMABLE_CHANGES})
+    # nor the step count: the schedules' horizon is an argument (docs/design.md §26)
+    step_cfg = dataclasses.replace(cfg, steps=TrainConfig.steps,
+                                   **{k: getattr(TrainConfig, k) for k in RESUMABLE_CHANGES})
     cache_key = (step_cfg, config, target, tuple(d.id for d in mesh.devices.flat),
                  str(jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), target_params)))
 
@@ -339,7 +356,7 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
         log.info("compiling the %s train step (batch %d x %d tokens) ...", cfg.drafter,
                  cfg.batch_size, cfg.max_length)
         step_fn = make_train_step(step_cfg, config, target, mesh, s_shard, t_shard)
-        compiled = compile_step(step_fn, state, first, target_params)
+        compiled = compile_step(step_fn, state, first, target_params, cfg.steps)
         log.info("compiled the train step in %.1f s", time.perf_counter() - t0)
         return compiled
 
@@ -348,6 +365,7 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
         step_fn, flops_xla = None, 0.0
     else:                               # same run settings in one process: compile once
         (step_fn, flops_xla), _ = _COMPILED.get(cache_key, build)
+    horizon = cfg.steps        # fitted to max_seconds below: a step argument, no recompile
     compile_seconds = time.perf_counter() - t0
     window = _Window(meta.get("window"))
 
@@ -357,7 +375,8 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
         t_eval = time.perf_counter()
         taus = evaluator(state.params)
         loss, acc = window.take()
-        point = dict(run_meta(step), loss=loss, acc=acc, lr=float(make_lr(cfg)(step)),
+        point = dict(run_meta(step), loss=loss, acc=acc,
+                     lr=float(learning_rate(cfg, step, horizon)),
                      tau=taus, eval_seconds=time.perf_counter() - t_eval)
         curve.append(point)
         write_curve(out_dir, curve)
@@ -378,7 +397,7 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not (progress and is_primary()),
                desc=f"train {cfg.drafter}")
     window_t, window_tokens, window_steps = time.perf_counter(), 0.0, 0
-    t_loop = time.perf_counter()
+    t_loop = t_timed = time.perf_counter()
     pending_tokens: list = []           # multi-process: global token counts, device scalars
 
     def fold_tokens() -> None:
@@ -391,7 +410,7 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
     for i in bar:
         batch, batch_tokens = (first, first_tokens) if i == start else step_batch(
             examples, i, cfg, mesh)
-        state, metrics = step_fn(state, batch, target_params)
+        state, metrics = step_fn(state, batch, target_params, horizon_array(horizon))
         if evaluator is not None:
             window.add(metrics)
         if multi:           # this process saw only its rows: count the global batch's
@@ -401,11 +420,21 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
             window_tokens += batch_tokens
         window_steps += 1
         step = i + 1
-        out_of_time = max_seconds is not None and time.perf_counter() - t_loop >= max_seconds
+        out_of_time = False
+        if max_seconds is not None:
+            now = time.perf_counter()
+            out_of_time = now - t_loop >= max_seconds
+            # the first step (synchronised below) is not timed; processes keep one schedule
+            if step > start + 1 and not multi:
+                horizon = fitted_horizon(step, max_seconds - (now - t_loop), step - start - 1,
+                                         now - t_timed, cfg.steps)
+                bar.total = horizon
         if out_of_time:
             log.info("step %d: %.0f s of training reached (max_seconds): ending the run here",
                      step, max_seconds)
-        last = step == cfg.steps or out_of_time
+        if step >= horizon and horizon < cfg.steps and not out_of_time:
+            log.info("step %d: the schedule fitted to max_seconds ends here", step)
+        last = step >= horizon or out_of_time
         if step % cfg.log_every == 0 or last or step == start + 1 or \
                 step % cfg.checkpoint_every == 0:
             fold_tokens()
@@ -413,7 +442,7 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
             m = summarise(jax.device_get(metrics))
             elapsed = time.perf_counter() - window_t
             step_time = elapsed / max(window_steps, 1)
-            m.update(step=step, step_time=step_time,
+            m.update(step=step, step_time=step_time, horizon=horizon,
                      tokens_per_second=window_tokens / max(elapsed, 1e-9),
                      model_flops_per_step=flops_model, xla_flops_per_step=flops_xla,
                      mfu=flops_model / max(step_time, 1e-9) / (cfg.peak_flops * n_dev),
@@ -424,13 +453,15 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
                 metrics_file.flush()
             bar.set_postfix(train_postfix(m, last_tau))
             window_t, window_tokens, window_steps = time.perf_counter(), 0.0, 0
+            if step == start + 1:
+                t_timed = window_t      # step time is measured from here (max_seconds)
         if evaluator is not None and (last or (eval_config.every and
                                                step % eval_config.every == 0)):
             curve_point(step)
             window_t = time.perf_counter()          # eval time is not step time
         if step % cfg.checkpoint_every == 0 or last:
             save_checkpoint(manager, state, dict(run_meta(step), window=window.sums()))
-        if (stop_after is not None and step >= stop_after) or out_of_time:
+        if (stop_after is not None and step >= stop_after) or last:
             break
     if metrics_file is not None:
         metrics_file.close()

@@ -39,12 +39,13 @@ from domino_jax.train.config import POSITION_WEIGHTS
 from domino_jax.train.vocab_loss import RowInputs, row_losses, slot_divergence  # noqa: F401
 
 
-def lambda_schedule(step, total_steps: int, lambda_start: float = 1.0,
+def lambda_schedule(step, total_steps, lambda_start: float = 1.0,
                     decay_ratio: float = 1.0):
     """``clip(lambda_start * (1 - min(step / decay_steps, 1)), 0, 1)`` with
-    ``decay_steps = max(1, int(total_steps * decay_ratio))`` (§3.4). ``step`` is the global
-    optimizer step counted from 1; works on Python numbers and traced arrays."""
-    decay_steps = max(1, int(total_steps * decay_ratio))
+    ``decay_steps = max(1, floor(total_steps * decay_ratio))`` (§3.4). ``step`` is the global
+    optimizer step counted from 1; both work as Python numbers and traced arrays."""
+    decay_steps = jnp.maximum(1.0, jnp.floor(jnp.asarray(total_steps, jnp.float32)
+                                             * decay_ratio))
     frac = jnp.minimum(jnp.asarray(step, jnp.float32) / decay_steps, 1.0)
     return jnp.clip(lambda_start * (1.0 - frac), 0.0, 1.0)
 

@@ -2,13 +2,18 @@
 
     state = init_state(train_config, draft_params)
     step_fn = make_train_step(train_config, draft_config, target, mesh, state, target_params)
-    state, metrics = step_fn(state, batch, target_params)    # batch: [micro, b, S] arrays
+    state, metrics = step_fn(state, batch, target_params, horizon)   # batch: [micro, b, S]
 
 * ``TrainState(step, params, opt_state)``: float32 master params; the loss casts them to
   ``compute_dtype``. ``step`` counts optimizer steps already taken; the step being
   computed is ``step + 1`` (the lambda schedule counts from 1, docs/algorithms.md §9.11).
 * Randomness (anchor sampling) is ``fold_in(PRNGKey(seed), step + 1)`` split per
   micro-batch: a pure function of the step, so a resumed run repeats it exactly.
+* ``horizon`` (int32 scalar, an argument, not a compile-time constant): the step at which
+  the schedules end: the learning rate's cosine reaches 0 and the Domino lambda its decay.
+  ``cfg.steps`` unless a run on a deadline fits its schedule to the steps that fit
+  (:func:`domino_jax.train.loop.train`'s ``max_seconds``, docs/design.md §26); changing it
+  recompiles nothing.
 * Sharding: the frozen target by ``sharding.target_param_shardings`` (tensor/fsdp), the
   drafter replicated or fsdp-sharded (largest divisible dim), batches over
   ``("data", "fsdp")`` on their batch axis.
@@ -42,12 +47,28 @@ class TrainState:
 
 
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
-    """Grad clipping + AdamW on a linear-warmup cosine schedule (peak ``lr``, end 0)."""
-    warmup = max(1, int(cfg.steps * cfg.warmup_ratio))
-    schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, warmup, max(cfg.steps, warmup + 1),
-                                                  end_value=0.0)
+    """Grad clipping + AdamW at unit learning rate: :func:`train_step` scales the update by
+    :func:`learning_rate` (its horizon is a runtime value). The unit rate is a schedule, so
+    the state keeps AdamW-with-schedule's structure (a step count) and older checkpoints
+    restore."""
     return optax.chain(optax.clip_by_global_norm(cfg.grad_clip),
-                       optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=cfg.weight_decay))
+                       optax.adamw(lambda count: 1.0, b1=0.9, b2=0.95,
+                                   weight_decay=cfg.weight_decay))
+
+
+def learning_rate(cfg: TrainConfig, count, horizon=None):
+    """Linear warmup from 0 to ``cfg.lr`` over ``max(1, floor(horizon * warmup_ratio))``
+    steps, then a cosine to 0 at step ``horizon`` (default ``cfg.steps``); ``count`` is the
+    optimizer steps taken (optax's convention). Works on Python numbers and traced arrays;
+    with the default horizon it is ``optax.warmup_cosine_decay_schedule(0, lr, warmup,
+    steps, 0)``."""
+    horizon = jnp.asarray(cfg.steps if horizon is None else horizon, jnp.float32)
+    warmup = jnp.maximum(1.0, jnp.floor(horizon * cfg.warmup_ratio))
+    count = jnp.asarray(count, jnp.float32)
+    decay = jnp.maximum(horizon, warmup + 1.0) - warmup
+    frac = jnp.clip((count - warmup) / decay, 0.0, 1.0)
+    return jnp.where(count < warmup, cfg.lr * count / warmup,
+                     0.5 * cfg.lr * (1.0 + jnp.cos(jnp.pi * frac)))
 
 
 def init_state(cfg: TrainConfig, params: Any) -> TrainState:
@@ -60,11 +81,14 @@ def _compute_dtype(cfg: TrainConfig):
     return jnp.dtype(cfg.compute_dtype)
 
 
-def train_step(state: TrainState, batch: dict, target_params: Any, *, cfg: TrainConfig,
-               config: DraftConfig, target: TargetLM) -> tuple[TrainState, dict]:
-    """One optimizer step on ``batch {"input_ids", "loss_mask"}: [micro, b, S]``."""
+def train_step(state: TrainState, batch: dict, target_params: Any, horizon=None, *,
+               cfg: TrainConfig, config: DraftConfig, target: TargetLM
+               ) -> tuple[TrainState, dict]:
+    """One optimizer step on ``batch {"input_ids", "loss_mask"}: [micro, b, S]``; the
+    schedules end at step ``horizon`` (default ``cfg.steps``)."""
+    horizon = cfg.steps if horizon is None else horizon
     step = state.step + 1
-    lam = lambda_schedule(step, cfg.steps, cfg.lambda_start, cfg.decay_ratio)
+    lam = lambda_schedule(step, horizon, cfg.lambda_start, cfg.decay_ratio)
     if not config.has_domino_head:
         lam = jnp.float32(1.0)
     gamma = cfg.gamma or default_gamma(config.block_size)
@@ -88,19 +112,15 @@ def train_step(state: TrainState, batch: dict, target_params: Any, *, cfg: Train
     grads = jax.tree_util.tree_map(lambda g: g / micro, grads)
     optimizer = make_optimizer(cfg)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    lr = learning_rate(cfg, state.step, horizon)
+    updates = jax.tree_util.tree_map(lambda u: (lr * u).astype(u.dtype), updates)
     params = optax.apply_updates(state.params, updates)
     summed = ("correct", "count", "tokens", "weight_sum")
     out = {k: (v.sum(0) if k in summed else v.mean(0)) for k, v in metrics.items()}
     out["lambda"] = lam
     out["grad_norm"] = optax.tree.norm(grads)
-    out["lr"] = jnp.asarray(make_lr(cfg)(state.step), jnp.float32)
+    out["lr"] = lr
     return TrainState(step, params, opt_state), out
-
-
-def make_lr(cfg: TrainConfig):
-    warmup = max(1, int(cfg.steps * cfg.warmup_ratio))
-    return optax.warmup_cosine_decay_schedule(0.0, cfg.lr, warmup, max(cfg.steps, warmup + 1),
-                                              end_value=0.0)
 
 
 # ----------------------------------------------------------------------------- sharding
@@ -150,17 +170,24 @@ def place(cfg: TrainConfig, mesh: Mesh, state: TrainState, target_params: Any, t
 
 def make_train_step(cfg: TrainConfig, config: DraftConfig, target: TargetLM, mesh: Mesh,
                     state_sharding: TrainState, target_sharding: Any):
-    """The jitted step ``(state, batch, target_params) -> (state, metrics)`` (state donated)."""
+    """The jitted step ``(state, batch, target_params, horizon) -> (state, metrics)`` (state
+    donated; ``horizon`` an int32 scalar, see :func:`horizon_array`)."""
     fn = functools.partial(train_step, cfg=cfg, config=config, target=target)
     replicated = NamedSharding(mesh, P())
-    return jax.jit(fn, in_shardings=(state_sharding, batch_sharding(mesh), target_sharding),
+    return jax.jit(fn, in_shardings=(state_sharding, batch_sharding(mesh), target_sharding,
+                                     replicated),
                    out_shardings=(state_sharding, replicated), donate_argnums=(0,))
 
 
-def compile_step(step_fn, state, batch, target_params):
+def horizon_array(horizon: int) -> jax.Array:
+    """The jitted step's ``horizon`` argument."""
+    return jnp.asarray(horizon, jnp.int32)
+
+
+def compile_step(step_fn, state, batch, target_params, horizon: int):
     """AOT-compile the step for these shapes/shardings: ``(compiled, xla_flops)`` (the FLOP
     count from XLA's cost analysis, 0.0 when the backend does not report it)."""
-    compiled = step_fn.lower(state, batch, target_params).compile()
+    compiled = step_fn.lower(state, batch, target_params, horizon_array(horizon)).compile()
     try:
         analysis = compiled.cost_analysis()
         if isinstance(analysis, (list, tuple)):
