@@ -134,7 +134,7 @@ def test_two_rounds(setup):
     init1 = root / "work" / "round-0" / "draft-bf16"
     _round(root, 1, init1, out0 / "curve.json", extra=["--phases", "generate"])
     out1 = _round(root, 1, init1, out0 / "curve.json",
-                  extra=["--phases", "train", "--deadline-seconds", "1"])
+                  extra=["--phases", "train", "--deadline-seconds", "1", "--export-shards"])
     with open(out1 / "curve.json") as f:
         curve = json.load(f)
     assert [p["round"] for p in curve] == [0, 1]
@@ -160,6 +160,20 @@ def test_two_rounds(setup):
     assert record["point"] == curve[-1] and record["phases"] == ["train"]
     with open(root / "work" / "round-1-generate.json") as f:
         assert json.load(f)["greedy"]["written"] == 4
+    # the exported shards, joined, replay into a new machine's work folder: round 0's prompts
+    # are not answered again there
+    join_parts(str(out1 / "shards"), str(root / "carried"))
+    assert len(ShardDataset(str(root / "carried"))) == 16
+    argv = ["--round", "0", "--corpus", str(root / "corpus"), "--work", str(root / "work2"),
+            "--out", str(root / "out2"), "--target", str(root / "target"), "--phases",
+            "generate", "--prompts-per-round", "4", "--max-new-tokens", "12",
+            "--gen-batch-size", "2", "--replay", str(root / "carried")]
+    assert campaign.main(argv) == 0
+    assert len(ShardDataset(str(root / "work2" / "shards"))) == 16
+    with open(root / "out2" / "round.json") as f:
+        record = json.load(f)
+    assert record["replay"]["added"] == 16
+    assert all(g["written"] == 0 for g in record["generate"].values()), record["generate"]
 
 
 def test_bad_arguments(setup, capsys):
@@ -169,7 +183,8 @@ def test_bad_arguments(setup, capsys):
     for extra, message in ((["--phases", "train"], "needs --init"),
                            (["--phases", "eval"], "choose from generate,train"),
                            (["--top-up", str(root / "nothing")], "--top-up"),
-                           (["--sampled-share", "1.5"], "--sampled-share")):
+                           (["--sampled-share", "1.5"], "--sampled-share"),
+                           (["--replay", str(root / "nothing")], "not a shards directory")):
         with pytest.raises(SystemExit) as e:
             campaign.parse_args(base + extra)
         assert e.value.code == 2 and message in capsys.readouterr().err

@@ -35,6 +35,11 @@ the distinct examples of the drafter's whole history (``distinct_examples_total`
 point's, plus this round's fresh responses), held-out tau per method and kind before and
 after, and where the round's seconds went (loading, generation, training, evaluation, export).
 ``OUT/round.json`` holds the point and the commands' summaries.
+
+A machine's ``WORK/shards`` lives only as long as the machine: ``--export-shards`` sends them
+back as parts (``OUT/shards``), and a later machine's ``--replay DIR`` (the parts joined)
+merges them in first, so its round trains on every earlier session's examples as well
+(docs/design.md §26).
 """
 
 from __future__ import annotations
@@ -300,6 +305,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--finish-seconds", type=float, default=200.0,
                    help="kept after training's deadline for loading, compiling, the final "
                         "evaluation and the export (default 200: a fresh GPU machine's)")
+    p.add_argument("--replay", action="append", default=[], metavar="SHARDS_DIR",
+                   help="earlier shards (e.g. an earlier session's --export-shards, joined) "
+                        "merged into WORK/shards first: trained on again, their prompts not "
+                        "answered again (repeatable)")
+    p.add_argument("--export-shards", action="store_true",
+                   help="also write WORK/shards as checksummed parts to OUT/shards, for a "
+                        "later machine's --replay")
     p.add_argument("--train-args", default="", help="more `python -m domino_jax.train` flags")
     add_verbose_flag(p)
     args = p.parse_args(argv)
@@ -315,6 +327,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for flag, folder in (("--corpus", args.corpus), ("--top-up", args.top_up)):
         if folder and not os.path.isfile(os.path.join(folder, "train.jsonl")):
             p.error(f"{flag} {folder!r}: no train.jsonl there")
+    for folder in args.replay:
+        if not os.path.isfile(os.path.join(folder, "manifest.json")):
+            p.error(f"--replay {folder!r}: not a shards directory (no manifest.json; join "
+                    "exported parts first: python -m domino_jax.train.parts join DIR DEST)")
     if not 0.0 <= args.sampled_share < 1.0:
         p.error(f"--sampled-share must be in [0, 1), got {args.sampled_share}")
     return args
@@ -328,6 +344,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     curve = read_curve(args.curve)
     record: dict = {"round": args.round, "phases": args.phases, "argv": sys.argv[1:]}
+    if args.replay:
+        from domino_jax.train.shard_store import merge_shards
+
+        record["replay"] = merge_shards(os.path.join(args.work, "shards"), args.replay)
+        log.info("replayed %s: %s", ", ".join(args.replay), record["replay"])
     if "generate" in args.phases:
         t0 = time.perf_counter()
         record["generate"] = generate_phase(args, args.work)
@@ -356,6 +377,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         record["point"] = point
         with open(os.path.join(args.out, "curve.json"), "w") as f:
             json.dump(curve, f, indent=1)
+    if args.export_shards:
+        from domino_jax.train.checkpoint_parts import split_directory
+
+        split_directory(os.path.join(args.work, "shards"), os.path.join(args.out, "shards"),
+                        part_mib=args.part_mib, exclude=[".lock"])
     record["seconds"] = time.perf_counter() - t_start
     with open(os.path.join(args.out, "round.json"), "w") as f:
         json.dump(record, f, indent=1, default=str)
