@@ -180,14 +180,17 @@ def test_bad_arguments(setup, capsys):
     root = setup
     base = ["--round", "0", "--corpus", str(root / "corpus"), "--work", str(root / "w"),
             "--out", str(root / "o")]
+    generate = ["--phases", "generate"]
     for extra, message in ((["--phases", "train"], "needs --init"),
                            (["--phases", "eval"], "choose from generate,train"),
-                           (["--top-up", str(root / "nothing")], "--top-up"),
-                           (["--sampled-share", "1.5"], "--sampled-share"),
-                           (["--replay", str(root / "nothing")], "not a shards directory")):
+                           (generate + ["--top-up", str(root / "nothing")], "--top-up"),
+                           (generate + ["--sampled-share", "1.5"], "--sampled-share"),
+                           (generate + ["--replay", str(root / "nothing")],
+                            "not a shards directory")):
         with pytest.raises(SystemExit) as e:
             campaign.parse_args(base + extra)
-        assert e.value.code == 2 and message in capsys.readouterr().err
+        error = capsys.readouterr().err.strip().splitlines()[-1]     # not the usage lines
+        assert e.value.code == 2 and message in error, error
     with pytest.raises(SystemExit):
         campaign.parse_args(base[:3] + [str(root / "nothing")] + base[4:])
 
