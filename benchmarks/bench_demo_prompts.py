@@ -18,9 +18,9 @@ arms, ``--adaptive-lookup``; its arm histogram is reported), ``--ngram`` the pro
 alone (``--method ngram``, the CLI defaults); ``--prompt-file F --per-kind N`` takes the
 first N prompts of each kind of a ``{prompt, kind}`` JSONL file (the corpus's
 ``heldout.jsonl``) instead of the built-in prompts, in turn over the kinds, the first
-``--prompts`` of them; ``--prompt-bucket W`` keeps only those padded to width ``W`` (one
-compile and one calibration per run for all prompts: a GPU run of several buckets can spend
-minutes a bucket compiling). A summary per run closes the Markdown:
+``--prompts`` of them; ``--prompt-bucket W[,W]`` keeps only those padded to these widths
+(one compile and one calibration per run and width: on a GPU each costs minutes; with the
+SmolLM2 chat template, ``64,128`` holds prompts of every kind of the corpus's held-out split). A summary per run closes the Markdown:
 the geometric mean of the speedups and the mean tau. With lookup arms, ``domino auto`` runs
 on the drafter arms' costs of ``domino auto+lookup``'s calibration (one calibration per
 prompt: the two differ by the lookup arms only, not by calibration noise).
@@ -63,10 +63,10 @@ def parse_args(argv=None):
     p.add_argument("--prompt-file", default=None,
                    help="a {prompt, kind} JSONL file (with --per-kind) instead of PROMPTS")
     p.add_argument("--per-kind", type=int, default=2)
-    p.add_argument("--prompt-bucket", type=int, default=None, metavar="WIDTH",
+    p.add_argument("--prompt-bucket", default=None, metavar="WIDTH[,WIDTH]",
                    help="with --prompt-file: only prompts (chat template applied) padded to "
-                        "this width (16, 32, ..., 256, 512, ...): one compile and one cost "
-                        "calibration per run for all of them (a GPU's compiles are slow)")
+                        "these widths (16, 32, ..., 256, 512, ...): one compile and one cost "
+                        "calibration per run and width (a GPU's compiles are slow)")
     p.add_argument("--lookup-arms", default="off",
                    help="also run auto with these prompt-lookup arms (on | K[,K...]; off)")
     p.add_argument("--ngram", action="store_true", help="also run --method ngram")
@@ -115,18 +115,19 @@ def main(argv=None):
     if args.prompt_file:
         from domino_jax.train.evaluate import read_eval_prompts
 
-        # --prompt-bucket: only prompts padded to that width (one compile and calibration
-        # for all of them), in the file's order per kind
+        # --prompt-bucket: only prompts padded to those widths (one compile and calibration
+        # a width), in the file's order per kind
         by_kind = read_eval_prompts(args.prompt_file,
                                     None if args.prompt_bucket else args.per_kind)
         if args.prompt_bucket:
+            widths = {int(w) for w in args.prompt_bucket.split(",")}
             by_kind = {k: [q for q in qs if prompt_bucket(len(encode_prompt(
-                tokenizer, q, True))) == args.prompt_bucket][:args.per_kind]
+                tokenizer, q, True))) in widths][:args.per_kind]
                 for k, qs in by_kind.items()}
         pairs = [(by_kind[k][i], k) for i in range(args.per_kind) for k in by_kind
                  if i < len(by_kind[k])][:args.prompts]   # round-robin: every kind early
         if not pairs:
-            raise SystemExit(f"no prompt of {args.prompt_file} pads to width "
+            raise SystemExit(f"no prompt of {args.prompt_file} pads to width(s) "
                              f"{args.prompt_bucket}")
         texts, kinds = [q for q, _ in pairs], [k for _, k in pairs]
     cost_model = CostModel(path=args.cost_table or os.path.join(args.out,
