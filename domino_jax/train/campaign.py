@@ -302,9 +302,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--deadline-seconds", type=float, default=None,
                    help="the whole command's time limit (a lent machine's): training stops "
                         "in time for --finish-seconds, its schedules fitted to it")
-    p.add_argument("--finish-seconds", type=float, default=200.0,
+    p.add_argument("--finish-seconds", type=float, default=240.0,
                    help="kept after training's deadline for loading, compiling, the final "
-                        "evaluation and the export (default 200: a fresh GPU machine's)")
+                        "evaluation and the export (default 240: a fresh GPU machine's, "
+                        "docs/design.md §26)")
     p.add_argument("--replay", action="append", default=[], metavar="SHARDS_DIR",
                    help="earlier shards (e.g. an earlier session's --export-shards, joined) "
                         "merged into WORK/shards first: trained on again, their prompts not "
