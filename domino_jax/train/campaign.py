@@ -51,6 +51,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import sys
 import time
 from typing import Sequence
@@ -381,6 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.export_shards:
         from domino_jax.train.checkpoint_parts import split_directory
 
+        shutil.rmtree(os.path.join(args.out, "shards"), ignore_errors=True)   # a rerun's
         split_directory(os.path.join(args.work, "shards"), os.path.join(args.out, "shards"),
                         part_mib=args.part_mib, exclude=[".lock"])
     record["seconds"] = time.perf_counter() - t_start
