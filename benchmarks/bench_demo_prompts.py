@@ -21,9 +21,10 @@ first N prompts of each kind of a ``{prompt, kind}`` JSONL file (the corpus's
 ``--prompts`` of them; ``--prompt-bucket W[,W]`` keeps only those padded to these widths
 (one compile and one calibration per run and width: on a GPU each costs minutes; with the
 SmolLM2 chat template, ``64,128`` holds prompts of every kind of the corpus's held-out
-split). A summary per run closes the Markdown: the geometric mean of the speedups and the mean tau. With lookup arms, ``domino auto`` runs
-on the drafter arms' costs of ``domino auto+lookup``'s calibration (one calibration per
-prompt: the two differ by the lookup arms only, not by calibration noise).
+split). A summary per run closes the Markdown: the geometric mean of the speedups and the
+mean tau. With lookup arms, ``domino auto`` runs on the drafter arms' costs of ``domino
+auto+lookup``'s calibration (one calibration per prompt: the two differ by the lookup arms
+only, not by calibration noise).
 """
 
 from __future__ import annotations
