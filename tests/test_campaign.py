@@ -42,8 +42,7 @@ def test_top_up_fills_the_short_kinds_from_the_earlier_corpus():
     kinds = [r["kind"] for r in extra]
     # 9 greedy prompts: code wants round(2.7) = 3 (has 1), summarize round(1.8) = 2; math is over
     assert sorted(kinds) == ["code", "code", "summarize", "summarize"]
-    assert all(r["id"].endswith("~r2") and r["id"][:-3] in {e["id"] for e in earlier}
-               for r in extra)
+    assert all(r in earlier for r in extra)                        # the records as they are
     assert len({r["id"] for r in extra}) == 4                      # without repeats
     assert campaign.top_up(greedy, earlier, mix, round_index=2) == extra   # deterministic
     assert campaign.top_up(greedy, [], mix, round_index=2) == []
@@ -76,6 +75,23 @@ def test_generate_phase_runs_top_up_first_within_the_sampled_reserve(tmp_path, m
     assert s_mode == "sampled" and s_seconds > 99                  # the fake took no time
     assert [i[:4] for i in s_ids[:2]] == ["code", "code"]          # the top-up goes first
     assert s_ids[2:] == [f"{i}~r1" for i in g_ids]
+    assert len({i for i in s_ids[:2]}) == 2 and all(i.endswith("~r1") for i in s_ids[:2])
+
+    # --top-up-greedy: the top-up prompts are answered greedily first, under their own ids,
+    # and their responses do not count as distinct examples
+    calls.clear()
+    campaign.generate_phase(campaign.parse_args(
+        ["--round", "1", "--corpus", str(corpus), "--work", "w", "--out", "o",
+         "--prompts-per-round", "4", "--phases", "generate", "--top-up", str(earlier),
+         "--top-up-greedy", "--gen-seconds", "100"]), str(tmp_path))
+    (r_mode, _, r_ids), (g_mode, _, g_ids2), (s_mode, _, s_ids2) = calls
+    assert r_mode == g_mode == "greedy" and s_mode == "sampled" and g_ids2 == g_ids
+    assert [f"{i}~r1" for i in r_ids] == s_ids2[:2] and all(i[:4] == "code" for i in r_ids)
+    with open(tmp_path / "round-1-generate.json") as f:
+        assert set(json.load(f)) == {"rehearsal", "greedy", "sampled"}
+    assert campaign.new_examples({"rehearsal": {"written": 5}, "greedy": {"written": 3},
+                                  "sampled": {"written": 2}}) == 5
+    assert campaign.new_examples({"sampled": {"skipped": "no time left"}}) == 0
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,9 @@ A round (``--phases``, both by default; a lent GPU may run them in separate call
   drafter: once a corpus is used up, continue on a follow-on corpus
   (``python -m domino_jax.train.corpus --extends EARLIER``) and name the earlier one in
   ``--top-up``, whose prompts, sampled afresh, bring the kinds the new corpus runs short of
-  up to their share (:func:`top_up`).
+  up to their share (:func:`top_up`); with ``--top-up-greedy`` those prompts are also
+  answered greedily first (a rehearsal of kinds the drafter drifted from, docs/design.md
+  §25; repeats, so not counted as distinct examples).
 * ``train``: ``python -m domino_jax.train`` on all of ``WORK/shards`` from ``--init`` (a
   drafter folder: params only, a fresh optimizer and schedule: a warm restart), held-out tau
   of ``--eval-methods`` at the end (and at the start with ``--initial-eval``); with
@@ -95,8 +97,8 @@ def top_up(greedy: Sequence[dict], earlier: Sequence[dict], mix: dict[str, float
     forgets them (docs/design.md §25). Their greedy responses were trained on already;
     sampled ones at a new seed are new examples. So: for each kind,
     ``round(len(greedy) * share)`` minus the kind's greedy count records of that kind from
-    ``earlier``, drawn afresh each round (ids marked with the round, for the sampled mode
-    only)."""
+    ``earlier``, drawn afresh each round, with their own ids (the caller marks the sampled
+    mode's with the round)."""
     rng = random.Random(seed * 1_000_003 + round_index)
     have = collections.Counter(r.get("kind", "") for r in greedy)
     extra = []
@@ -106,7 +108,7 @@ def top_up(greedy: Sequence[dict], earlier: Sequence[dict], mix: dict[str, float
         if want <= 0 or not pool:
             continue
         picked = rng.sample(pool, want) if want <= len(pool) else rng.choices(pool, k=want)
-        extra += [dict(r, id=SAMPLED_ID.format(id=r["id"], round=round_index)) for r in picked]
+        extra += picked
     return extra
 
 
@@ -166,23 +168,28 @@ def generate_phase(args, work: str) -> dict:
 
     prompts = round_prompts(_read_jsonl(os.path.join(args.corpus, "train.jsonl")), args.round,
                             args.prompts_per_round, args.prompt_seed)
-    sampled = prompts.sampled
+    sampled, rehearsal = prompts.sampled, []
     if args.top_up:
-        sampled = top_up(prompts.greedy,
-                         _read_jsonl(os.path.join(args.top_up, "train.jsonl")),
-                         corpus_mix(args.corpus), args.round, args.prompt_seed) + sampled
+        extra = top_up(prompts.greedy, _read_jsonl(os.path.join(args.top_up, "train.jsonl")),
+                       corpus_mix(args.corpus), args.round, args.prompt_seed)
+        sampled = [dict(r, id=SAMPLED_ID.format(id=r["id"], round=args.round))
+                   for r in extra] + sampled
+        if args.top_up_greedy and "greedy" in args.modes:
+            rehearsal = extra
     summaries = {}
     deadline = time.perf_counter() + args.gen_seconds
-    for mode, records in (("greedy", prompts.greedy), ("sampled", sampled)):
-        if mode not in args.modes:
+    passes = (("rehearsal", "greedy", rehearsal), ("greedy", "greedy", prompts.greedy),
+              ("sampled", "sampled", sampled))
+    for name, mode, records in passes:
+        if mode not in args.modes or not records:
             continue
         left = deadline - time.perf_counter()
         if mode == "greedy" and "sampled" in args.modes:
             left -= args.sampled_share * args.gen_seconds    # the sampled mode's reserve
         if left <= 0:
-            summaries[mode] = {"skipped": "no time left"}
+            summaries[name] = {"skipped": "no time left"}
             continue
-        path = os.path.join(work, f"round-{args.round}-{mode}.jsonl")
+        path = os.path.join(work, f"round-{args.round}-{name}.jsonl")
         _write_jsonl(records, path)
         argv = ["generate", "--corpus", path, "--out", os.path.join(work, "shards"),
                 "--modes", mode, "--max-new-tokens", str(args.max_new_tokens),
@@ -191,10 +198,17 @@ def generate_phase(args, work: str) -> dict:
                 "--seconds", str(left), "--no-progress"]
         if args.target:
             argv += ["--target", args.target]
-        summaries[mode] = shards._generate(shards.build_parser().parse_args(argv))
+        summaries[name] = shards._generate(shards.build_parser().parse_args(argv))
     with open(_generate_record(work, args.round), "w") as f:   # for a later --phases train
         json.dump(summaries, f, indent=1, default=str)
     return summaries
+
+
+def new_examples(generated: dict | None) -> int:
+    """Responses a round's generate passes wrote that are new to the drafter: all but the
+    rehearsal's (``--top-up-greedy``: greedy responses its history already holds)."""
+    return sum(int(g.get("written", 0)) for name, g in (generated or {}).items()
+               if name != "rehearsal")
 
 
 def _generate_record(work: str, round_index: int) -> str:
@@ -282,6 +296,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top-up", default=None, metavar="EARLIER_CORPUS",
                    help="an earlier corpus folder: its prompts, sampled afresh, fill each "
                         "kind up to the corpus's mix share (a follow-on corpus's short kinds)")
+    p.add_argument("--top-up-greedy", action="store_true",
+                   help="answer the --top-up prompts greedily too, before the new prompts "
+                        "(rehearsal of kinds the drafter drifted from; not counted as "
+                        "distinct examples)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--gen-batch-size", type=int, default=1024)
     p.add_argument("--gen-queue", type=int, default=4)
@@ -367,8 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "steps_round": steps, "steps_total": done["steps"] + steps,
                  "examples_seen_total": done["examples_seen"] + steps * args.batch_size,
                  "distinct_examples": record["train"]["distinct_examples"],
-                 "distinct_examples_total": done["distinct"] + sum(
-                     int(g.get("written", 0)) for g in (generated or {}).values()),
+                 "distinct_examples_total": done["distinct"] + new_examples(generated),
                  "tau_before": record["train"]["tau_before"],
                  "tau": record["train"]["tau_after"], "loss": record["train"]["loss"],
                  "seconds": {"generate": record.get("generate_seconds"),
