@@ -118,10 +118,11 @@ def setup(tmp_path_factory):
     return root
 
 
-def _round(root, index, init, curve=None, max_seconds=600, extra=()):
+def _round(root, index, init, curve=None, max_seconds=600, extra=(), train_args="",
+           work="work"):
     out = root / f"out{index}"
     argv = ["--round", str(index), "--corpus", str(root / "corpus"), "--work",
-            str(root / "work"), "--out", str(out), "--init", str(init),
+            str(root / work), "--out", str(out), "--init", str(init),
             "--target", str(root / "target"), "--prompts-per-round", "4",
             "--max-new-tokens", "12", "--gen-batch-size", "2", "--gen-queue", "2",
             "--steps", "2", "--batch-size", "2", "--max-length", "128", "--num-anchors", "4",
@@ -129,7 +130,8 @@ def _round(root, index, init, curve=None, max_seconds=600, extra=()):
             "--eval-max-new-tokens", "4", "--part-mib", "0.02",
             # --seed 0 after the round's own --seed: every round trains with one compiled
             # step (the seed is part of the step's program)
-            "--train-args", f"--dtype float32 --no-progress --max-seconds {max_seconds} --seed 0"]
+            "--train-args",
+            f"--dtype float32 --no-progress --max-seconds {max_seconds} --seed 0 {train_args}"]
     if curve:
         argv += ["--curve", str(curve)]
     assert campaign.main(argv + list(extra)) == 0
@@ -190,6 +192,17 @@ def test_two_rounds(setup):
         record = json.load(f)
     assert record["replay"]["added"] == 16
     assert all(g["written"] == 0 for g in record["generate"].values()), record["generate"]
+    # --init fresh: a new drafter of the --train-args shape trains on what the machine holds;
+    # its curve point counts from zero
+    out3 = _round(root, 5, "fresh", out1 / "curve.json", work="work2",
+                  extra=["--phases", "train"], train_args="--draft-layers 1 --block-size 4 "
+                  "--gru-hidden-dim 16 --emb-dim 8 --mask-token-id 5")
+    with open(out3 / "curve.json") as f:
+        point = json.load(f)[-1]
+    assert point["init"] == "fresh" and point["steps_total"] == point["steps_round"] == 2
+    assert point["distinct_examples_total"] == point["distinct_examples"] == 16
+    with open(root / "work2" / "round-5" / "draft-bf16" / "config.json") as f:
+        assert json.load(f)["num_hidden_layers"] == 1
 
 
 def test_bad_arguments(setup, capsys):
@@ -198,6 +211,8 @@ def test_bad_arguments(setup, capsys):
             "--out", str(root / "o")]
     generate = ["--phases", "generate"]
     for extra, message in ((["--phases", "train"], "needs --init"),
+                           (["--phases", "train", "--init", str(root / "nothing")],
+                            "no config.json"),
                            (["--phases", "eval"], "choose from generate,train"),
                            (generate + ["--top-up", str(root / "nothing")], "--top-up"),
                            (generate + ["--sampled-share", "1.5"], "--sampled-share"),

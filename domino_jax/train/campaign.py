@@ -22,7 +22,9 @@ A round (``--phases``, both by default; a lent GPU may run them in separate call
   answered greedily first (a rehearsal of kinds the drafter drifted from, docs/design.md
   §25; repeats, so not counted as distinct examples).
 * ``train``: ``python -m domino_jax.train`` on all of ``WORK/shards`` from ``--init`` (a
-  drafter folder: params only, a fresh optimizer and schedule: a warm restart), held-out tau
+  drafter folder: params only, a fresh optimizer and schedule: a warm restart; or ``fresh``:
+  a new drafter of the shape ``--train-args`` gives, to try another size on the data a
+  machine holds), held-out tau
   of ``--eval-methods`` at the end (and at the start with ``--initial-eval``); with
   ``--deadline-seconds`` (a lent machine's limit for the whole command) training stops in
   time for the evaluation and the export, its schedules fitted to the steps that fit
@@ -62,6 +64,7 @@ from domino_jax.console import add_verbose_flag, setup_logging
 
 log = logging.getLogger(__name__)
 SAMPLED_ID = "{id}~r{round}"
+FRESH = "fresh"          # --init: a new drafter, its shape from --train-args (the train CLI's)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,7 +243,7 @@ def train_phase(args, work: str, out: str, max_seconds: float | None = None) -> 
 
     run = os.path.join(work, f"round-{args.round}")
     data = os.path.join(work, "shards")
-    argv = ["--data", data, "--out", run, "--drafter", "domino", "--init-draft", args.init,
+    argv = ["--data", data, "--out", run, "--drafter", "domino",
             "--steps", str(args.steps), "--batch-size", str(args.batch_size),
             "--max-length", str(args.max_length), "--lr", str(args.lr),
             "--num-anchors", str(args.num_anchors), "--seed", str(args.round),
@@ -251,6 +254,8 @@ def train_phase(args, work: str, out: str, max_seconds: float | None = None) -> 
             # every held-out prompt in one batch: one padded width, one compile per method
             "--eval-batch-size", str(args.eval_num_prompts * _kinds(args.corpus)),
             "--eval-methods", ",".join(args.eval_methods)] + args.train_args
+    if args.init != FRESH:
+        argv += ["--init-draft", args.init]
     if not args.initial_eval:
         argv += ["--no-eval-at-start"]
     if max_seconds is not None:
@@ -284,7 +289,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--work", required=True, help="folder kept between the round's phases")
     p.add_argument("--out", required=True, help="what comes back: curve, round, drafter parts")
     p.add_argument("--phases", default="generate,train")
-    p.add_argument("--init", default=None, help="drafter folder to start from (train phase)")
+    p.add_argument("--init", default=None,
+                   help="drafter folder to start from (train phase), or 'fresh': a new "
+                        "drafter shaped by --train-args (--draft-layers, --gru-hidden-dim, "
+                        "...), its curve point counting from zero (use a new --curve)")
     p.add_argument("--curve", default=None, help="the campaign curve so far (JSON list)")
     p.add_argument("--target", default=None, help="HF target folder (default: demo SmolLM2)")
     p.add_argument("--prompts-per-round", type=int, default=16384)
@@ -343,7 +351,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if bad or not args.phases:
         p.error(f"--phases {','.join(args.phases)}: choose from generate,train")
     if "train" in args.phases and not args.init:
-        p.error("--phases train needs --init (the drafter folder to start from)")
+        p.error(f"--phases train needs --init (the drafter folder to start from, or "
+                f"{FRESH!r})")
+    if args.init and args.init != FRESH and not os.path.isfile(
+            os.path.join(args.init, "config.json")):
+        p.error(f"--init {args.init!r}: no config.json there (a drafter folder, or {FRESH!r})")
     for flag, folder in (("--corpus", args.corpus), ("--top-up", args.top_up)):
         if folder and not os.path.isfile(os.path.join(folder, "train.jsonl")):
             p.error(f"{flag} {folder!r}: no train.jsonl there")
@@ -376,16 +388,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "train" in args.phases:
         record["train"] = train_phase(args, args.work, args.out,
                                       train_seconds_left(args, t_start))
-        done, steps = totals(curve), record["train"]["steps"]   # fewer on a deadline
+        # a fresh drafter's history is this round: its training set is all new to it
+        done = totals(curve) if args.init != FRESH else {"steps": 0, "examples_seen": 0,
+                                                          "distinct": 0}
+        steps = record["train"]["steps"]                         # fewer on a deadline
         generated = record.get("generate")
         if generated is None and os.path.isfile(_generate_record(args.work, args.round)):
             with open(_generate_record(args.work, args.round)) as f:   # an earlier call's
                 generated = json.load(f)
-        point = {"round": args.round, "init": os.path.abspath(args.init),
+        point = {"round": args.round,
+                 "init": args.init if args.init == FRESH else os.path.abspath(args.init),
                  "steps_round": steps, "steps_total": done["steps"] + steps,
                  "examples_seen_total": done["examples_seen"] + steps * args.batch_size,
                  "distinct_examples": record["train"]["distinct_examples"],
-                 "distinct_examples_total": done["distinct"] + new_examples(generated),
+                 "distinct_examples_total": (
+                     done["distinct"] + new_examples(generated) if args.init != FRESH
+                     else record["train"]["distinct_examples"]),
                  "tau_before": record["train"]["tau_before"],
                  "tau": record["train"]["tau_after"], "loss": record["train"]["loss"],
                  "seconds": {"generate": record.get("generate_seconds"),
