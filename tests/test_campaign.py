@@ -25,6 +25,10 @@ def test_round_prompts_are_fresh_slices():
     ids = lambda rp: [r["id"] for r in rp.greedy]
     assert not set(ids(r0)) & set(ids(r1))                       # new prompts each round
     assert len(set(ids(r0) + ids(r1) + ids(r2))) == 10           # wraps over the corpus
+    # the wrapped tail is counted: round 2 takes prompts 8, 9, then 0 and 1 again
+    assert (r0.wrapped, r1.wrapped, r2.wrapped) == (0, 0, 2)
+    assert ids(r2)[2:] == ids(r0)[:2]
+    assert campaign.round_prompts(records, 3, 4).wrapped == 4
     assert [r["prompt"] for r in r1.sampled] == [r["prompt"] for r in r1.greedy]
     assert all(s["id"] == f"{g['id']}~r1" for s, g in zip(r1.sampled, r1.greedy))
     assert ids(campaign.round_prompts(records, 1, 4)) == ids(r1)  # deterministic
@@ -67,11 +71,11 @@ def test_generate_phase_runs_top_up_first_within_the_sampled_reserve(tmp_path, m
 
     monkeypatch.setattr(shards, "_generate", fake_generate)
     args = campaign.parse_args(["--round", "1", "--corpus", str(corpus), "--work", "w",
-                                "--out", "o", "--prompts-per-round", "4", "--phases", "generate",
+                                "--out", "o", "--prompts-per-round", "3", "--phases", "generate",
                                 "--top-up", str(earlier), "--gen-seconds", "100"])
     campaign.generate_phase(args, str(tmp_path))
     (g_mode, g_seconds, g_ids), (s_mode, s_seconds, s_ids) = calls
-    assert g_mode == "greedy" and len(g_ids) == 4 and 69 < g_seconds <= 70  # 30 s kept
+    assert g_mode == "greedy" and len(g_ids) == 3 and 69 < g_seconds <= 70  # 30 s kept
     assert s_mode == "sampled" and s_seconds > 99                  # the fake took no time
     assert [i[:4] for i in s_ids[:2]] == ["code", "code"]          # the top-up goes first
     assert s_ids[2:] == [f"{i}~r1" for i in g_ids]
@@ -82,15 +86,23 @@ def test_generate_phase_runs_top_up_first_within_the_sampled_reserve(tmp_path, m
     calls.clear()
     campaign.generate_phase(campaign.parse_args(
         ["--round", "1", "--corpus", str(corpus), "--work", "w", "--out", "o",
-         "--prompts-per-round", "4", "--phases", "generate", "--top-up", str(earlier),
+         "--prompts-per-round", "3", "--phases", "generate", "--top-up", str(earlier),
          "--top-up-greedy", "--gen-seconds", "100"]), str(tmp_path))
     (r_mode, _, r_ids), (g_mode, _, g_ids2), (s_mode, _, s_ids2) = calls
     assert r_mode == g_mode == "greedy" and s_mode == "sampled" and g_ids2 == g_ids
     assert [f"{i}~r1" for i in r_ids] == s_ids2[:2] and all(i[:4] == "code" for i in r_ids)
     with open(tmp_path / "round-1-generate.json") as f:
         assert set(json.load(f)) == {"rehearsal", "greedy", "sampled"}
+    # a slice past the corpus's end: the wrapped prompts are a "repeat" pass, after the new
+    calls.clear()
+    campaign.generate_phase(campaign.parse_args(
+        ["--round", "1", "--corpus", str(corpus), "--work", "w", "--out", "o",
+         "--prompts-per-round", "4", "--phases", "generate", "--modes", "greedy",
+         "--gen-seconds", "100"]), str(tmp_path))
+    ((_, _, new_ids), (_, _, repeat_ids)) = calls                  # 6 prompts: 4, 5, then 0, 1
+    assert len(new_ids) == len(repeat_ids) == 2 and not set(new_ids) & set(repeat_ids)
     assert campaign.new_examples({"rehearsal": {"written": 5}, "greedy": {"written": 3},
-                                  "sampled": {"written": 2}}) == 5
+                                  "repeat": {"written": 4}, "sampled": {"written": 2}}) == 5
     assert campaign.new_examples({"sampled": {"skipped": "no time left"}}) == 0
 
 
@@ -214,6 +226,7 @@ def test_bad_arguments(setup, capsys):
                            (["--phases", "train", "--init", str(root / "nothing")],
                             "no config.json"),
                            (["--phases", "eval"], "choose from generate,train"),
+                           (generate + ["--first-round", "1"], "--first-round"),
                            (generate + ["--top-up", str(root / "nothing")], "--top-up"),
                            (generate + ["--sampled-share", "1.5"], "--sampled-share"),
                            (generate + ["--replay", str(root / "nothing")],

@@ -273,6 +273,26 @@ def test_cli_writes_files_and_read_corpus(tmp_path, capsys):
     assert all(index.add(r["prompt"]) is None for r in new)
     extends = json.loads((more / "card.json").read_text())["extends"]
     assert extends["earlier_prompts"] == 400 and extends["heldout"] == len(held)
+    # a third build follows both earlier ones: far from every prompt either holds
+    third = tmp_path / "third"
+    assert main(["--out", str(third), "--num-prompts", "200", "--seed", "2",
+                 "--eval-fraction", "0.1", "--extends", str(out), "--extends", str(more)]) == 0
+    newer = read_corpus(str(third))
+    assert read_corpus(str(third / "heldout.jsonl")) == held and len(newer) > 150
+    assert all(index.add(r["prompt"]) is None for r in newer)
+    extends = json.loads((third / "card.json").read_text())["extends"]
+    assert extends["dirs"] == [str(out), str(more)]
+    assert extends["earlier_prompts"] == len(train) + len(new) + len(held)
+    # builds with different held-out splits cannot be followed together
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "train.jsonl").write_text((more / "train.jsonl").read_text())
+    (other / "heldout.jsonl").write_text("".join(
+        json.dumps(r) + "\n" for r in held[1:]))
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path / "x"), "--num-prompts", "10", "--extends", str(out),
+              "--extends", str(other)])
+    assert "differs" in capsys.readouterr().err
 
 
 def test_read_corpus_errors(tmp_path):

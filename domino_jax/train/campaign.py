@@ -71,12 +71,15 @@ FRESH = "fresh"          # --init: a new drafter, its shape from --train-args (t
 class RoundPrompts:
     greedy: list[dict]       # corpus records, their own ids
     sampled: list[dict]      # the same prompts, ids marked with the round
+    wrapped: int = 0         # the last `wrapped` greedy prompts: an earlier slice's already
 
 
 def round_prompts(records: Sequence[dict], round_index: int, per_round: int,
                   seed: int = 0) -> RoundPrompts:
     """Round ``round_index``'s slice of a ``seed`` permutation of ``records`` (``per_round``
-    of them, wrapping around the corpus), for the greedy and the sampled mode."""
+    of them, wrapping around the corpus), for the greedy and the sampled mode. Past the
+    corpus's end the slice wraps onto prompts that earlier slices took: ``wrapped`` counts
+    them (the greedy list's tail)."""
     if per_round < 1 or round_index < 0:
         raise ValueError(f"per_round must be >= 1 and round >= 0, got {per_round}, "
                          f"{round_index}")
@@ -88,7 +91,8 @@ def round_prompts(records: Sequence[dict], round_index: int, per_round: int,
     picked = [records[order[(start + i) % len(records)]] for i in range(min(per_round,
                                                                              len(records)))]
     sampled = [dict(r, id=SAMPLED_ID.format(id=r["id"], round=round_index)) for r in picked]
-    return RoundPrompts(picked, sampled)
+    wrapped = sum(start + i >= len(records) for i in range(len(picked)))
+    return RoundPrompts(picked, sampled, wrapped)
 
 
 def top_up(greedy: Sequence[dict], earlier: Sequence[dict], mix: dict[str, float],
@@ -169,8 +173,15 @@ def generate_phase(args, work: str) -> dict:
     """Append this round's greedy and sampled responses to ``WORK/shards``."""
     from domino_jax.train import shards
 
-    prompts = round_prompts(_read_jsonl(os.path.join(args.corpus, "train.jsonl")), args.round,
-                            args.prompts_per_round, args.prompt_seed)
+    prompts = round_prompts(_read_jsonl(os.path.join(args.corpus, "train.jsonl")),
+                            args.round - args.first_round, args.prompts_per_round,
+                            args.prompt_seed)
+    fresh = prompts.greedy[:len(prompts.greedy) - prompts.wrapped]
+    repeats = prompts.greedy[len(fresh):]
+    if repeats:
+        log.warning("round %d: %d of its %d prompts wrap onto earlier rounds' (the corpus is "
+                    "used up: build a follow-on one); their greedy responses are not counted "
+                    "as new examples", args.round, len(repeats), len(prompts.greedy))
     sampled, rehearsal = prompts.sampled, []
     if args.top_up:
         extra = top_up(prompts.greedy, _read_jsonl(os.path.join(args.top_up, "train.jsonl")),
@@ -181,8 +192,8 @@ def generate_phase(args, work: str) -> dict:
             rehearsal = extra
     summaries = {}
     deadline = time.perf_counter() + args.gen_seconds
-    passes = (("rehearsal", "greedy", rehearsal), ("greedy", "greedy", prompts.greedy),
-              ("sampled", "sampled", sampled))
+    passes = (("rehearsal", "greedy", rehearsal), ("greedy", "greedy", fresh),
+              ("repeat", "greedy", repeats), ("sampled", "sampled", sampled))
     for name, mode, records in passes:
         if mode not in args.modes or not records:
             continue
@@ -209,9 +220,10 @@ def generate_phase(args, work: str) -> dict:
 
 def new_examples(generated: dict | None) -> int:
     """Responses a round's generate passes wrote that are new to the drafter: all but the
-    rehearsal's (``--top-up-greedy``: greedy responses its history already holds)."""
+    greedy ones its history already holds (``rehearsal``: ``--top-up-greedy``'s; ``repeat``:
+    the prompts a slice wrapped onto)."""
     return sum(int(g.get("written", 0)) for name, g in (generated or {}).items()
-               if name != "rehearsal")
+               if name not in ("rehearsal", "repeat"))
 
 
 def _generate_record(work: str, round_index: int) -> str:
@@ -297,6 +309,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target", default=None, help="HF target folder (default: demo SmolLM2)")
     p.add_argument("--prompts-per-round", type=int, default=16384)
     p.add_argument("--prompt-seed", type=int, default=0)
+    p.add_argument("--first-round", type=int, default=0,
+                   help="the first round on this --corpus: round R takes its slice R - K "
+                        "(a follow-on corpus starts from its first prompt)")
     p.add_argument("--modes", default="greedy,sampled")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--sampled-share", type=float, default=0.3,
@@ -363,6 +378,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if not os.path.isfile(os.path.join(folder, "manifest.json")):
             p.error(f"--replay {folder!r}: not a shards directory (no manifest.json; join "
                     "exported parts first: python -m domino_jax.train.parts join DIR DEST)")
+    if not 0 <= args.first_round <= args.round:
+        p.error(f"--first-round {args.first_round}: must be in [0, --round {args.round}]")
     if not 0.0 <= args.sampled_share < 1.0:
         p.error(f"--sampled-share must be in [0, 1), got {args.sampled_share}")
     return args

@@ -29,6 +29,8 @@ prompt is a near-duplicate of a held-out prompt.
 ``--extends EARLIER_DIR`` builds a follow-on corpus for later rounds of a training campaign:
 only prompts that are neither exact nor near duplicates of the earlier corpus's, none sharing
 an n-gram with its held-out split, and that split copied as this corpus's held-out file.
+Repeat it to follow several builds (a third corpus avoids the first two); their held-out
+files must be one.
 
 Python API: :func:`build_corpus`, :func:`write_corpus`, :func:`read_corpus`.
 """
@@ -312,13 +314,13 @@ def build_corpus(num_prompts: int, seed: int = 0, *, mix: dict[str, float] | Non
     return Corpus(train, heldout, card)
 
 
-def extend(corpus: Corpus, earlier_heldout: list[dict], earlier_dir: str,
+def extend(corpus: Corpus, earlier_heldout: list[dict], earlier_dirs: Sequence[str],
            earlier_count: int) -> Corpus:
     """A follow-on corpus: ``corpus``'s training prompts, and the earlier corpus's held-out
     split in place of its own (new prompts that hash as held-out are dropped, so that the
     held-out rule stays one rule over every build and later rounds evaluate on one split)."""
     card = dict(corpus.card)
-    card["extends"] = {"dir": earlier_dir, "earlier_prompts": earlier_count,
+    card["extends"] = {"dirs": list(earlier_dirs), "earlier_prompts": earlier_count,
                        "heldout": len(earlier_heldout),
                        "new_heldout_dropped": len(corpus.heldout)}
     card["counts"] = dict(card["counts"], heldout=_count(earlier_heldout, "kind"),
@@ -436,10 +438,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="held-out share by hash (default 0.02)")
     parser.add_argument("--exclude", nargs="+", action="extend", default=[], metavar="FILE",
                         help=".jsonl / .txt of texts whose word n-grams no prompt may share")
-    parser.add_argument("--extends", default=None, metavar="DIR",
+    parser.add_argument("--extends", action="append", default=[], metavar="DIR",
                         help="an earlier corpus: new prompts only (no exact or near duplicate "
                              "of its prompts, no n-gram overlap with its held-out split), and "
-                             "its heldout.jsonl as this corpus's held-out split")
+                             "its heldout.jsonl as this corpus's held-out split; repeatable "
+                             "(every earlier build, one held-out split)")
     parser.add_argument("--exclude-ngram", type=int, default=8)
     parser.add_argument("--near-threshold", type=float, default=0.8,
                         help="word-5-gram Jaccard at or above which prompts are near-duplicates")
@@ -480,10 +483,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"--exclude file {path!r} not found")
         exclude, earlier_heldout, earlier = list(args.exclude), [], []
+        for folder in args.extends:
+            heldout = read_corpus(os.path.join(folder, "heldout.jsonl"))
+            if earlier_heldout and heldout != earlier_heldout:
+                raise ValueError(f"--extends {folder!r}: its heldout.jsonl differs from "
+                                 f"{args.extends[0]!r}'s (follow-on builds share one split)")
+            earlier_heldout = heldout
+            earlier += read_corpus(os.path.join(folder, "train.jsonl"))
+        earlier += earlier_heldout
         if args.extends:
-            earlier_heldout = read_corpus(os.path.join(args.extends, "heldout.jsonl"))
-            earlier = read_corpus(os.path.join(args.extends, "train.jsonl")) + earlier_heldout
-            exclude.append(os.path.join(args.extends, "heldout.jsonl"))
+            exclude.append(os.path.join(args.extends[0], "heldout.jsonl"))
         if args.text_dir and not os.path.isdir(args.text_dir):
             raise FileNotFoundError(f"--text-dir {args.text_dir!r} is not a directory")
         if args.target and not os.path.isdir(args.target):
