@@ -231,26 +231,83 @@ def _programs_die_with_their_module():
 # The most memory mappings the process held after a test, and that test: XLA's CPU programs
 # hold mappings, and a compile past vm.max_map_count kills the process (docs/design.md §24).
 PEAK_MAPS = [0, ""]
+# ... and the decode programs built and dropped (summed over pytest-xdist's workers)
+PROGRAMS = {"builds": 0, "evicted": 0}
+
+# Under pytest-xdist (./dev test) whole files go to workers in collection order: the longest
+# files go first, so that the run does not end on one of them while the other workers idle.
+SLOW_FILES_FIRST = (
+    "test_decode_greedy.py", "test_bench_smoke.py", "test_decode_adaptive.py",
+    "test_train_recipe.py", "test_serve_http.py", "test_tree_decode.py", "test_console.py",
+    "test_serving.py", "test_train_multiprocess.py", "test_gguf_demo.py",
+    "test_decode_hybrid.py", "test_head_kernels.py", "test_decode_adaptive_lookup.py",
+    "test_corpus.py", "test_bench_batch_sweep.py", "test_xla_flags.py", "test_train.py",
+    "test_campaign.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # stable: file order kept
+
+
+XDIST_CONTROLLER = [False]     # this process only hands files to pytest-xdist's workers
+
+
+def pytest_configure(config):
+    XDIST_CONTROLLER[0] = bool(getattr(config.option, "numprocesses", None)) and not hasattr(
+        config, "workerinput")
 
 
 def pytest_runtest_logfinish(nodeid, location):
     from domino_jax.program_cache import memory_map_count
+
+    if XDIST_CONTROLLER[0]:
+        return
 
     count = memory_map_count() or 0
     if count > PEAK_MAPS[0]:
         PEAK_MAPS[:] = [count, nodeid]
 
 
+def _this_process_summary() -> dict:
+    from domino_jax.decode import speculative
+
+    return {"peak_maps": list(PEAK_MAPS), "max_rel_errors": dict(MAX_REL_ERRORS),
+            "programs": {"builds": speculative._PROGRAMS.builds,
+                         "evicted": speculative._PROGRAMS.evicted}}
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workeroutput"):          # a pytest-xdist worker: report back
+        session.config.workeroutput["domino_summary"] = _this_process_summary()
+
+
+@pytest.hookimpl(optionalhook=True)          # a pytest-xdist hook: absent without it
+def pytest_testnodedown(node, error):
+    """pytest-xdist's controller: fold each worker's summary into this process's."""
+    summary = getattr(node, "workeroutput", {}).get("domino_summary")
+    if summary:
+        if summary["peak_maps"][0] > PEAK_MAPS[0]:
+            PEAK_MAPS[:] = summary["peak_maps"]
+        for kind, err in summary["max_rel_errors"].items():
+            MAX_REL_ERRORS[kind] = max(MAX_REL_ERRORS.get(kind, 0.0), err)
+        for key in PROGRAMS:
+            PROGRAMS[key] += summary["programs"][key]
+
+
 def pytest_terminal_summary(terminalreporter):
+    if not XDIST_CONTROLLER[0]:
+        own = _this_process_summary()["programs"]                 # this process ran the tests
+        for key in PROGRAMS:
+            PROGRAMS[key] += own[key]
     if PEAK_MAPS[0]:
-        from domino_jax.decode import speculative
         from domino_jax.program_cache import max_map_count
 
         terminalreporter.write_sep("-", "memory mappings")
         terminalreporter.write_line(
             f"peak {PEAK_MAPS[0]} of vm.max_map_count {max_map_count()} (after {PEAK_MAPS[1]});"
-            f" decode programs compiled {speculative._PROGRAMS.builds}, dropped for mappings "
-            f"{speculative._PROGRAMS.evicted}")
+            f" decode programs compiled {PROGRAMS['builds']}, dropped for mappings "
+            f"{PROGRAMS['evicted']}")
     if MAX_REL_ERRORS:
         terminalreporter.write_sep("-", "max relative errors (parity checks)")
         for kind, err in sorted(MAX_REL_ERRORS.items(), key=lambda kv: -kv[1]):
