@@ -236,13 +236,14 @@ PROGRAMS = {"builds": 0, "evicted": 0}
 
 # Under pytest-xdist (./dev test) whole files go to workers in collection order: the longest
 # files go first, so that the run does not end on one of them while the other workers idle.
-SLOW_FILES_FIRST = (
-    "test_decode_greedy.py", "test_bench_smoke.py", "test_decode_adaptive.py",
-    "test_train_recipe.py", "test_serve_http.py", "test_tree_decode.py", "test_console.py",
-    "test_serving.py", "test_train_multiprocess.py", "test_gguf_demo.py",
-    "test_decode_hybrid.py", "test_head_kernels.py", "test_decode_adaptive_lookup.py",
-    "test_corpus.py", "test_bench_batch_sweep.py", "test_xla_flags.py", "test_train.py",
-    "test_campaign.py")
+SLOW_FILES_FIRST = (     # by their tests' summed durations (`--durations=0`), longest first
+    "test_decode_greedy.py", "test_decode_adaptive.py", "test_tree_builders.py",
+    "test_head_kernels.py", "test_decode_sampling.py", "test_serve_http.py",
+    "test_serving.py", "test_train_recipe.py", "test_tree_decode.py",
+    "test_decode_adaptive_lookup.py", "test_console.py", "test_decode_hybrid.py",
+    "test_long_prompts.py", "test_gguf_demo.py", "test_corpus.py",
+    "test_bench_batch_sweep.py", "test_shards.py", "test_campaign.py", "test_train.py",
+    "test_decode_ngram.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
