@@ -71,7 +71,7 @@ FRESH = "fresh"          # --init: a new drafter, its shape from --train-args (t
 class RoundPrompts:
     greedy: list[dict]       # corpus records, their own ids
     sampled: list[dict]      # the same prompts, ids marked with the round
-    wrapped: int = 0         # the last `wrapped` greedy prompts: an earlier slice's already
+    wrapped: int = 0         # how many of greedy's last prompts an earlier slice took too
 
 
 def round_prompts(records: Sequence[dict], round_index: int, per_round: int,
@@ -405,22 +405,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "train" in args.phases:
         record["train"] = train_phase(args, args.work, args.out,
                                       train_seconds_left(args, t_start))
-        # a fresh drafter's history is this round: its training set is all new to it
-        done = totals(curve) if args.init != FRESH else {"steps": 0, "examples_seen": 0,
-                                                          "distinct": 0}
         steps = record["train"]["steps"]                         # fewer on a deadline
         generated = record.get("generate")
         if generated is None and os.path.isfile(_generate_record(args.work, args.round)):
             with open(_generate_record(args.work, args.round)) as f:   # an earlier call's
                 generated = json.load(f)
-        point = {"round": args.round,
-                 "init": args.init if args.init == FRESH else os.path.abspath(args.init),
+        if args.init == FRESH:     # its history is this round: its whole training set is new
+            done = {"steps": 0, "examples_seen": 0, "distinct": 0}
+            new, init = record["train"]["distinct_examples"], FRESH
+        else:
+            done, new, init = totals(curve), new_examples(generated), os.path.abspath(args.init)
+        point = {"round": args.round, "init": init,
                  "steps_round": steps, "steps_total": done["steps"] + steps,
                  "examples_seen_total": done["examples_seen"] + steps * args.batch_size,
                  "distinct_examples": record["train"]["distinct_examples"],
-                 "distinct_examples_total": (
-                     done["distinct"] + new_examples(generated) if args.init != FRESH
-                     else record["train"]["distinct_examples"]),
+                 "distinct_examples_total": done["distinct"] + new,
                  "tau_before": record["train"]["tau_before"],
                  "tau": record["train"]["tau_after"], "loss": record["train"]["loss"],
                  "seconds": {"generate": record.get("generate_seconds"),
