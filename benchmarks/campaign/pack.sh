@@ -7,7 +7,7 @@
 # What goes in: the SmolLM2 GGUF, its tokenizer folder, the gguf wheel, and the three campaign
 # corpora rebuilt from their seeds (docs/design.md §25; the held-out split is the seed-0 build's).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." && root=$PWD
 call_mib=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -37,6 +37,11 @@ $PY -m domino_jax.train.corpus --out $b/corpus1 --num-prompts 100000 --seed 1 \
     --extends $b/corpus0 >$b/corpus1.log
 $PY -m domino_jax.train.corpus --out $b/corpus2 --num-prompts 100000 --seed 2 \
     --extends $b/corpus0 --extends $b/corpus1 >$b/corpus2.log
+# the campaign's curve compares rounds on one held-out split and counts prompts by their place
+# in these exact files: a rebuild that differs (other package versions as sources) must stop
+(cd $b && sha256sum -c --quiet "$root/benchmarks/campaign/corpora.sha256") || {
+  echo "pack.sh: the corpora rebuilt here differ from the campaign's" \
+       "(benchmarks/campaign/corpora.sha256); see $b/corpus*.log" >&2; exit 2; }
 tar czf "$stage/corpora.tgz" -C $b corpus0 corpus1 corpus2
 # one stream of the stage, cut into parts, a part per call folder; sha256 of every part
 (cd "$stage" && tar cf - .) | split -d -a 2 -b "${call_mib}M" - carry/part-
@@ -46,8 +51,7 @@ for part in carry/part-*; do
 done
 (cd carry && sha256sum call-*/part-* | sed 's# call-[0-9]*/# #' > SHA256SUMS)
 for d in carry/call-*; do cp carry/SHA256SUMS "$d/"; done
-heldout=$(sha256sum $b/corpus2/heldout.jsonl | cut -c1-16)
 rm -rf "$stage" carry/build
-echo "carry/: $n call folders of at most $call_mib MiB, held-out split sha256 $heldout..."
+echo "carry/: $n call folders of at most $call_mib MiB (corpora checked against corpora.sha256)"
 echo "carry each as 'carry/call-NN' with: bash benchmarks/campaign/device.sh stash"
 du -sh carry/call-* | sed 's/^/  /'
