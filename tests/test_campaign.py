@@ -52,6 +52,33 @@ def test_top_up_fills_the_short_kinds_from_the_earlier_corpus():
     assert campaign.top_up(greedy, [], mix, round_index=2) == []
 
 
+def test_top_up_by_source_brings_back_the_sources_a_kind_at_its_share_lacks(tmp_path,
+                                                                            monkeypatch):
+    # a follow-on slice whose chat is all one template; the earlier corpus splits chat 4:4:2
+    greedy = [{"id": f"g{i}", "kind": "chat", "source": "a", "prompt": "g"} for i in range(10)]
+    earlier = [{"id": f"e{s}{i}", "kind": "chat", "source": s, "prompt": s}
+               for s, n in (("a", 4), ("b", 4), ("c", 2)) for i in range(n)]
+    mix = {"chat": 1.0}
+    assert campaign.top_up(greedy, earlier, mix, round_index=1) == []       # the kind is full
+    extra = campaign.top_up(greedy, earlier, mix, round_index=1, by_source=True)
+    # chat wants 10: a 4 (has 10), b 4 (has 0), c 2 (has 0)
+    assert sorted(r["source"] for r in extra) == ["b"] * 4 + ["c"] * 2
+    assert len({r["id"] for r in extra}) == 6
+
+    # the flag reaches top_up from the command line
+    from domino_jax.train import shards
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in greedy))
+    seen = []
+    real_top_up = campaign.top_up
+    monkeypatch.setattr(campaign, "top_up", lambda *a, **k: seen.append(k) or real_top_up(*a, **k))
+    monkeypatch.setattr(shards, "_generate", lambda a: {"written": 0})
+    for flags, by_source in (([], False), (["--top-up-by-source"], True)):
+        campaign.generate_phase(campaign.parse_args(
+            ["--round", "1", "--corpus", str(tmp_path), "--work", "w", "--out", "o",
+             "--phases", "generate", "--top-up", str(tmp_path), *flags]), str(tmp_path))
+        assert seen.pop()["by_source"] is by_source
+
+
 def test_generate_phase_runs_top_up_first_within_the_sampled_reserve(tmp_path, monkeypatch):
     from domino_jax.train import shards
     corpus, earlier = tmp_path / "corpus", tmp_path / "earlier"

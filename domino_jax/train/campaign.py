@@ -96,7 +96,7 @@ def round_prompts(records: Sequence[dict], round_index: int, per_round: int,
 
 
 def top_up(greedy: Sequence[dict], earlier: Sequence[dict], mix: dict[str, float],
-           round_index: int, seed: int = 0) -> list[dict]:
+           round_index: int, seed: int = 0, by_source: bool = False) -> list[dict]:
     """Earlier-corpus prompts that bring each kind of the round up to its ``mix`` share.
 
     A follow-on corpus (``corpus --extends``) runs short of the kinds whose sources are
@@ -105,17 +105,29 @@ def top_up(greedy: Sequence[dict], earlier: Sequence[dict], mix: dict[str, float
     sampled ones at a new seed are new examples. So: for each kind,
     ``round(len(greedy) * share)`` minus the kind's greedy count records of that kind from
     ``earlier``, drawn afresh each round, with their own ids (the caller marks the sampled
-    mode's with the round)."""
+    mode's with the round).
+
+    ``by_source``: the same within each kind, per ``source`` (e.g. a chat template): the
+    kind's wanted count is split over its sources as ``earlier`` splits it, and each source
+    is filled up to its part, so a kind at its share whose slice holds only some of its
+    sources (a follow-on corpus's chat: two templates of ten) gets the others back."""
     rng = random.Random(seed * 1_000_003 + round_index)
-    have = collections.Counter(r.get("kind", "") for r in greedy)
+    key = (lambda r: (r.get("kind", ""), r.get("source", ""))) if by_source else (
+        lambda r: (r.get("kind", ""), ""))
+    have = collections.Counter(key(r) for r in greedy)
+    pools = collections.defaultdict(list)
+    for r in earlier:
+        pools[key(r)].append(r)
     extra = []
     for kind, share in sorted(mix.items()):
-        want = round(len(greedy) * share) - have[kind]
-        pool = [r for r in earlier if r.get("kind") == kind]
-        if want <= 0 or not pool:
-            continue
-        picked = rng.sample(pool, want) if want <= len(pool) else rng.choices(pool, k=want)
-        extra += picked
+        groups = sorted(g for g in pools if g[0] == kind)
+        in_kind = sum(len(pools[g]) for g in groups)
+        for group in groups:
+            pool = pools[group]
+            want = round(round(len(greedy) * share) * len(pool) / in_kind) - have[group]
+            if want <= 0:
+                continue
+            extra += rng.sample(pool, want) if want <= len(pool) else rng.choices(pool, k=want)
     return extra
 
 
@@ -185,7 +197,8 @@ def generate_phase(args, work: str) -> dict:
     sampled, rehearsal = prompts.sampled, []
     if args.top_up:
         extra = top_up(prompts.greedy, _read_jsonl(os.path.join(args.top_up, "train.jsonl")),
-                       corpus_mix(args.corpus), args.round, args.prompt_seed)
+                       corpus_mix(args.corpus), args.round, args.prompt_seed,
+                       by_source=args.top_up_by_source)
         sampled = [dict(r, id=SAMPLED_ID.format(id=r["id"], round=args.round))
                    for r in extra] + sampled
         if args.top_up_greedy and "greedy" in args.modes:
@@ -319,6 +332,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top-up", default=None, metavar="EARLIER_CORPUS",
                    help="an earlier corpus folder: its prompts, sampled afresh, fill each "
                         "kind up to the corpus's mix share (a follow-on corpus's short kinds)")
+    p.add_argument("--top-up-by-source", action="store_true",
+                   help="fill each kind's sources (e.g. chat templates) up to their share of "
+                        "the kind in the --top-up corpus, not only the kind")
     p.add_argument("--top-up-greedy", action="store_true",
                    help="answer the --top-up prompts greedily too, before the new prompts "
                         "(rehearsal of kinds the drafter drifted from; not counted as "
