@@ -18,7 +18,8 @@ A round (``--phases``, both by default; a lent GPU may run them in separate call
   drafter: once a corpus is used up, continue on a follow-on corpus
   (``python -m domino_jax.train.corpus --extends EARLIER``) and name the earlier one in
   ``--top-up``, whose prompts, sampled afresh, bring the kinds the new corpus runs short of
-  up to their share (:func:`top_up`); with ``--top-up-greedy`` those prompts are also
+  up to their share (:func:`top_up`; ``--top-up-by-source``: each source of a kind, e.g. a
+  chat template, up to its part); with ``--top-up-greedy`` those prompts are also
   answered greedily first (a rehearsal of kinds the drafter drifted from, docs/design.md
   §25; repeats, so not counted as distinct examples).
 * ``train``: ``python -m domino_jax.train`` on all of ``WORK/shards`` from ``--init`` (a
