@@ -113,8 +113,9 @@ def top_up(greedy: Sequence[dict], earlier: Sequence[dict], mix: dict[str, float
     is filled up to its part, so a kind at its share whose slice holds only some of its
     sources (a follow-on corpus's chat: two templates of ten) gets the others back."""
     rng = random.Random(seed * 1_000_003 + round_index)
-    key = (lambda r: (r.get("kind", ""), r.get("source", ""))) if by_source else (
-        lambda r: (r.get("kind", ""), ""))
+    def key(r):
+        return r.get("kind", ""), r.get("source", "") if by_source else ""
+
     have = collections.Counter(key(r) for r in greedy)
     pools = collections.defaultdict(list)
     for r in earlier:
