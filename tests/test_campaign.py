@@ -290,3 +290,31 @@ def test_campaign_curve_reads_as_curve_points(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         curve_cli.main([str(bad)])
     assert e.value.code == 2 and "not a campaign curve" in capsys.readouterr().err
+
+
+def test_curve_slope_per_doubling(tmp_path, capsys):
+    """``--slope-rounds``: the least-squares slope of tau against log2(distinct examples) over
+    the named rounds only, checked against numpy's fit; an unknown round is a clear error."""
+    import numpy as np
+
+    from domino_jax.train import curve as curve_cli
+
+    xs, taus = [1000, 2000, 4000, 9000], [2.0, 2.1, 2.25, 2.3]
+    rounds = [{"round": i, "distinct_examples_total": x, "steps_total": i,
+               "tau": {"domino": {"all": t}, "ngram": {"chat": 1.0}}}
+              for i, (x, t) in enumerate(zip(xs, taus))]
+    rounds.insert(2, {"round": "dead", "distinct_examples_total": 3000, "steps_total": 0,
+                      "tau": {"domino": {"all": 9.0}}})
+    path = tmp_path / "campaign_curve.json"
+    path.write_text(json.dumps(rounds))
+    points = curve_cli.select_rounds(curve_cli.campaign_points(str(path)), ["0", "1", "2", "3"])
+    want = np.polyfit(np.log2(xs), taus, 1)[0]
+    assert curve_cli.slope_per_doubling(points, "domino") == pytest.approx(want, rel=1e-12)
+    with pytest.raises(ValueError, match="fewer than two points"):
+        curve_cli.slope_per_doubling(points, "ngram")
+    curve_cli.main([str(path), "--slope-rounds", "0,1,2,3", "--out", str(tmp_path / "c.png")])
+    out = capsys.readouterr().out
+    assert f"domino: {want:+.3f}" in out and "rounds 0, 1, 2, 3 (1,000 to 9,000)" in out, out
+    with pytest.raises(SystemExit) as e:
+        curve_cli.main([str(path), "--slope-rounds", "0,7"])
+    assert e.value.code == 2 and "no round 7" in capsys.readouterr().err

@@ -19,12 +19,19 @@ method, pooled over kinds, against ``--x``: ``step``, ``tokens_seen``, ``example
 ``distinct_examples`` or ``wall_seconds``). A JSON file in place of a run folder is a
 campaign curve (``python -m domino_jax.train.campaign``'s list of round points): one point per
 round, at its running totals of steps, examples seen and distinct examples.
+
+    python -m domino_jax.train.curve CAMPAIGN_CURVE.json --slope-rounds 1,2,3,4,6,7,8
+
+prints, per method, the least-squares slope of tau against log2 of the distinct examples
+over those rounds (one lineage: a dead branch left out): tau gained per doubling of the
+data, the measure the campaign's stopping rule reads.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from typing import Sequence
@@ -62,6 +69,44 @@ def campaign_points(path: str) -> list[dict]:
              "examples_seen": r.get("examples_seen_total"),
              "distinct_examples": r.get("distinct_examples_total", r.get("distinct_examples")),
              "loss": r.get("loss"), "tau": r["tau"]} for r in rounds]
+
+
+def slope_per_doubling(points: Sequence[dict], method: str, kind: str = "all") -> float:
+    """Least-squares slope of ``tau[method][kind]`` against ``log2(distinct_examples)`` over
+    ``points`` (at least two distinct x values): tau gained per doubling of the data."""
+    rows = [(math.log2(p["distinct_examples"]), p["tau"][method][kind]) for p in points
+            if p.get("distinct_examples") and kind in (p.get("tau") or {}).get(method, {})]
+    if len({x for x, _ in rows}) < 2:
+        raise ValueError(f"tau {method}/{kind}: fewer than two points with distinct "
+                         "distinct_examples to fit a slope")
+    mx = sum(x for x, _ in rows) / len(rows)
+    my = sum(y for _, y in rows) / len(rows)
+    return (sum((x - mx) * (y - my) for x, y in rows)
+            / sum((x - mx) ** 2 for x, _ in rows))
+
+
+def select_rounds(points: Sequence[dict], rounds: Sequence[str]) -> list[dict]:
+    """``points`` whose ``round`` is named in ``rounds`` (compared as text), in that order;
+    an unknown name is a ``ValueError``."""
+    by_name = {str(p.get("round")): p for p in points}
+    missing = [r for r in rounds if r not in by_name]
+    if missing:
+        raise ValueError(f"no round {', '.join(missing)} in the curve (it has "
+                         f"{', '.join(by_name)})")
+    return [by_name[r] for r in rounds]
+
+
+def format_slopes(points: Sequence[dict], kind: str = "all") -> str:
+    """One line per method: its slope per doubling over ``points`` and the points' span."""
+    lines = [f"tau ({kind}) per doubling of distinct examples over rounds "
+             f"{', '.join(str(p.get('round')) for p in points)} "
+             f"({points[0]['distinct_examples']:,} to {points[-1]['distinct_examples']:,}):"]
+    for method in _methods([("", list(points))]):
+        try:
+            lines.append(f"  {method}: {slope_per_doubling(points, method, kind):+.3f}")
+        except ValueError as e:
+            lines.append(f"  {method}: - ({e})")
+    return "\n".join(lines)
 
 
 def write_curve(run_dir: str, points: Sequence[dict]) -> None:
@@ -156,6 +201,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                    "the first run, or RUN/curve.png for one run)")
     p.add_argument("--x", choices=X_AXES, default="step")
     p.add_argument("--kind", default="all", help="tau of this prompt kind (default: pooled)")
+    p.add_argument("--slope-rounds", default=None, metavar="R,R,...",
+                   help="campaign curve: also print each method's tau gained per doubling of "
+                        "the distinct examples over these rounds (one lineage)")
     args = p.parse_args(argv)
     runs = []
     for run in args.runs:
@@ -171,6 +219,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         runs.append((os.path.basename(os.path.abspath(run)) or run, points))
     for label, points in runs:
         print(format_table(label, points, args.kind) + "\n")
+    if args.slope_rounds:
+        for run, (label, points) in zip(args.runs, runs):
+            try:
+                chosen = select_rounds(points, [r.strip() for r in
+                                                args.slope_rounds.split(",") if r.strip()])
+            except ValueError as e:
+                print(f"error: {run}: {e}", file=sys.stderr)
+                raise SystemExit(2)
+            print(f"{label}: {format_slopes(chosen, args.kind)}\n")
     if not have_matplotlib():
         print("no plot: matplotlib is not installed (pip install 'domino_jax[plot]')",
               file=sys.stderr)
