@@ -318,3 +318,16 @@ def test_curve_slope_per_doubling(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         curve_cli.main([str(path), "--slope-rounds", "0,7"])
     assert e.value.code == 2 and "no round 7" in capsys.readouterr().err
+
+
+def test_campaign_lineages_split_at_branches():
+    """A point whose step total is not above the last one's is a branch from an earlier
+    drafter: it starts a new line, led by the point with the largest step total below it."""
+    from domino_jax.train.curve import campaign_lineages
+
+    steps = {"shipped": 3000, 0: 3880, 1: 4760, 2: 5750, 4: 8457, 5: 9136, 6: 8939, 8: 11437,
+             9: 5669, 10: 6149}
+    points = [{"round": r, "step": s} for r, s in steps.items()]
+    lines = [[p["round"] for p in line] for line in campaign_lineages(points)]
+    assert lines == [["shipped", 0, 1, 2, 4, 5], [4, 6, 8], [1, 9, 10]]
+    assert campaign_lineages(points[:3]) == [points[:3]]

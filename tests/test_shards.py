@@ -82,7 +82,15 @@ def test_plan_batches():
     lengths = [10, 20, 3, 40, 30, 12, 17, 5, 9]
     batches, too_long = plan_batches(lengths, (16, 32), 3)
     assert too_long == [3]
-    assert batches == [(16, [0, 2, 5]), (16, [7, 8]), (32, [1, 4, 6])]    # corpus order
+    # corpus order within a width; the widths interleaved in proportion (16 at 1/4 and 3/4)
+    assert batches == [(16, [0, 2, 5]), (32, [1, 4, 6]), (16, [7, 8])]
+    # a run stopped after any prefix of the batches has answered each width's share
+    lengths = [5] * 40 + [20] * 20 + [50] * 10
+    order = [w for w, _ in plan_batches(lengths, (16, 32, 64), 5)[0]]
+    assert order[:7] == [16, 32, 16, 64, 16, 32, 16]
+    for k in range(2, len(order) + 1):
+        for width, total in ((16, 8), (32, 4), (64, 2)):
+            assert abs(order[:k].count(width) - total * k / len(order)) <= 1, (k, order)
     # a full batch that would pad narrower than its width gives up a row to a filler
     assert plan_batches([3, 5, 9, 20, 4], (32,), 3)[0] == [(32, [0, 1]), (32, [2, 3, 4])]
     assert plan_batches([3, 4], (16,), 1)[0] == [(16, [0]), (16, [1])]

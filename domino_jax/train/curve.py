@@ -71,6 +71,22 @@ def campaign_points(path: str) -> list[dict]:
              "loss": r.get("loss"), "tau": r["tau"]} for r in rounds]
 
 
+def campaign_lineages(points: Sequence[dict]) -> list[list[dict]]:
+    """A campaign curve's points split into lineages, for drawing: a point whose ``step``
+    total is not above the last point's starts from an earlier drafter (a branch), so it
+    begins a new line, led by its parent: the earlier point with the largest step total
+    below its own (the drafter it was trained from)."""
+    lineages: list[list[dict]] = []
+    for i, point in enumerate(points):
+        if lineages and (point.get("step") or 0) > (lineages[-1][-1].get("step") or 0):
+            lineages[-1].append(point)
+            continue
+        parents = [p for p in points[:i] if (p.get("step") or 0) < (point.get("step") or 0)]
+        parent = max(parents, key=lambda p: p.get("step") or 0, default=None)
+        lineages.append(([parent] if parent is not None else []) + [point])
+    return lineages
+
+
 def slope_per_doubling(points: Sequence[dict], method: str, kind: str = "all") -> float:
     """Least-squares slope of ``tau[method][kind]`` against ``log2(distinct_examples)`` over
     ``points`` (at least two distinct x values): tau gained per doubling of the data."""
@@ -236,7 +252,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                        if len(runs) == 1 and os.path.isdir(args.runs[0]) else
                        os.path.join(os.path.dirname(os.path.abspath(args.runs[0])),
                                     "curves.png"))
-    plot_curves(runs, out, args.x, args.kind)
+    lines = []      # a campaign curve's branches drawn as lines of their own
+    for run, (label, points) in zip(args.runs, runs):
+        lineages = campaign_lineages(points) if os.path.isfile(run) else [points]
+        lines += ([(label, points)] if len(lineages) == 1 else
+                  [(f"{label}: rounds {ln[0]['round']}-{ln[-1]['round']}", ln)
+                   for ln in lineages])
+    plot_curves(lines, out, args.x, args.kind)
     print(f"wrote {out}")
 
 

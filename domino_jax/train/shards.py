@@ -165,24 +165,30 @@ def plan_batches(lengths: Sequence[int], widths: Sequence[int], batch_size: int
 
     A full batch whose longest prompt would pad to less than its width gives up one row to
     a full-width filler (:func:`run_batch`), so every batch of a width runs one program
-    (with ``batch_size == 1`` a short prompt may pad narrower)."""
+    (with ``batch_size == 1`` a short prompt may pad narrower).
+
+    The widths' batches are interleaved in proportion (a width's ``i``-th of ``n`` batches
+    at ``(i + 1/2) / n`` of the run), so a run stopped by its time budget has answered every
+    width's share of the prompts, not only the short ones (docs/design.md §26)."""
     widths = check_widths(widths)
     buckets: dict[int, list[int]] = {w: [] for w in widths}
     too_long = []
     for position, n in enumerate(lengths):
         width = next((w for w in widths if n <= w), None)
         (buckets[width] if width is not None else too_long).append(position)
-    batches = []
+    per_width = []
     for width in widths:
-        rows, start = buckets[width], 0
+        rows, start, chunks = buckets[width], 0, []
         while start < len(rows):
             chunk = rows[start:start + batch_size]
             if (len(chunk) == batch_size > 1
                     and prompt_bucket(max(lengths[p] for p in chunk)) < width):
                 chunk = chunk[:-1]
-            batches.append((width, chunk))
+            chunks.append(chunk)
             start += len(chunk)
-    return batches, too_long
+        per_width += [((i + 0.5) / len(chunks), width, chunk) for i, chunk in enumerate(chunks)]
+    return [(width, chunk) for _, width, chunk in sorted(per_width, key=lambda b: b[:2])], \
+        too_long
 
 
 def run_batch(target, target_params, prompts: Sequence[Sequence[int]], width: int,
