@@ -84,6 +84,10 @@ def test_plan_batches():
     assert too_long == [3]
     # corpus order within a width; the widths interleaved in proportion (16 at 1/4 and 3/4)
     assert batches == [(16, [0, 2, 5]), (32, [1, 4, 6]), (16, [7, 8])]
+    # a width short of one batch passes its prompts to the next wider one (one program less)
+    assert plan_batches([3, 20, 40, 50, 5, 60, 9], (16, 32, 64), 3)[0] == \
+        [(64, [1, 2, 3]), (16, [0, 4, 6]), (64, [5])]
+    assert plan_batches([3, 20, 5, 9], (16, 32, 64), 3)[0] == [(16, [0, 2, 3]), (64, [1])]
     # a run stopped after any prefix of the batches has answered each width's share
     lengths = [5] * 40 + [20] * 20 + [50] * 10
     order = [w for w, _ in plan_batches(lengths, (16, 32, 64), 5)[0]]

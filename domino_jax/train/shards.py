@@ -161,7 +161,10 @@ def plan_batches(lengths: Sequence[int], widths: Sequence[int], batch_size: int
                  ) -> tuple[list[tuple[int, list[int]]], list[int]]:
     """``(batches, too_long)``: each batch ``(width, positions)`` holds at most
     ``batch_size`` prompts (positions into ``lengths``, in order) of the smallest width that
-    fits them; ``too_long`` lists the prompts longer than every width.
+    fits them; ``too_long`` lists the prompts longer than every width. A width with fewer
+    prompts than one batch passes them to the next wider one (the widest keeps its own):
+    each width is one program to compile, so none is compiled for a part of a batch that a
+    wider one can take.
 
     A full batch whose longest prompt would pad to less than its width gives up one row to
     a full-width filler (:func:`run_batch`), so every batch of a width runs one program
@@ -176,6 +179,10 @@ def plan_batches(lengths: Sequence[int], widths: Sequence[int], batch_size: int
     for position, n in enumerate(lengths):
         width = next((w for w in widths if n <= w), None)
         (buckets[width] if width is not None else too_long).append(position)
+    for narrow, wide in zip(widths, widths[1:]):
+        if 0 < len(buckets[narrow]) < batch_size:
+            buckets[wide] = sorted(buckets[wide] + buckets.pop(narrow))
+            buckets[narrow] = []
     per_width = []
     for width in widths:
         rows, start, chunks = buckets[width], 0, []
