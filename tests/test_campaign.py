@@ -271,7 +271,7 @@ def test_campaign_curve_reads_as_curve_points(tmp_path, capsys):
     its running totals (the shipped drafter's point counts its own distinct examples)."""
     from domino_jax.train import curve as curve_cli
 
-    rounds = [{"round": "shipped", "steps_total": 3000, "examples_seen_total": 192000,
+    rounds = [{"round": "base", "steps_total": 3000, "examples_seen_total": 192000,
                "distinct_examples": 63941, "tau": {"domino": {"all": 2.21}}},
               {"round": 0, "steps_total": 3880, "examples_seen_total": 248320,
                "distinct_examples": 9893, "distinct_examples_total": 73834, "loss": 2.62,
@@ -325,9 +325,9 @@ def test_campaign_lineages_split_at_branches():
     drafter: it starts a new line, led by the point with the largest step total below it."""
     from domino_jax.train.curve import campaign_lineages
 
-    steps = {"shipped": 3000, 0: 3880, 1: 4760, 2: 5750, 4: 8457, 5: 9136, 6: 8939, 8: 11437,
+    steps = {"base": 3000, 0: 3880, 1: 4760, 2: 5750, 4: 8457, 5: 9136, 6: 8939, 8: 11437,
              9: 5669, 10: 6149}
     points = [{"round": r, "step": s} for r, s in steps.items()]
     lines = [[p["round"] for p in line] for line in campaign_lineages(points)]
-    assert lines == [["shipped", 0, 1, 2, 4, 5], [4, 6, 8], [1, 9, 10]]
+    assert lines == [["base", 0, 1, 2, 4, 5], [4, 6, 8], [1, 9, 10]]
     assert campaign_lineages(points[:3]) == [points[:3]]
