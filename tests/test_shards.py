@@ -84,10 +84,6 @@ def test_plan_batches():
     assert too_long == [3]
     # corpus order within a width; the widths interleaved in proportion (16 at 1/4 and 3/4)
     assert batches == [(16, [0, 2, 5]), (32, [1, 4, 6]), (16, [7, 8])]
-    # a width short of one batch passes its prompts to the next wider one (one program less)
-    assert plan_batches([3, 20, 40, 50, 5, 60, 9], (16, 32, 64), 3)[0] == \
-        [(64, [1, 2, 3]), (16, [0, 4, 6]), (64, [5])]
-    assert plan_batches([3, 20, 5, 9], (16, 32, 64), 3)[0] == [(16, [0, 2, 3]), (64, [1])]
     # a run stopped after any prefix of the batches has answered each width's share
     lengths = [5] * 40 + [20] * 20 + [50] * 10
     order = [w for w, _ in plan_batches(lengths, (16, 32, 64), 5)[0]]
@@ -95,6 +91,21 @@ def test_plan_batches():
     for k in range(2, len(order) + 1):
         for width, total in ((16, 8), (32, 4), (64, 2)):
             assert abs(order[:k].count(width) - total * k / len(order)) <= 1, (k, order)
+
+
+def test_plan_batches_of_what_is_left_are_the_rest_of_the_plan():
+    """A resumed run plans only the prompts not yet answered: its batches must be the
+    uninterrupted plan's remaining batches, row for row (a batch's sampling seed is a hash of
+    its ids), wherever the first run stopped."""
+    rng = np.random.default_rng(0)
+    lengths = [int(n) for n in rng.integers(1, 60, 57)]
+    full, _ = plan_batches(lengths, (16, 32, 64), 4)
+    for k in range(len(full) + 1):
+        done = {p for _, chunk in full[:k] for p in chunk}
+        left = [p for p in range(len(lengths)) if p not in done]
+        rest, _ = plan_batches([lengths[p] for p in left], (16, 32, 64), 4)
+        rest = sorted((w, [left[i] for i in chunk]) for w, chunk in rest)
+        assert rest == sorted(full[k:]), k
     # a full batch that would pad narrower than its width gives up a row to a filler
     assert plan_batches([3, 5, 9, 20, 4], (32,), 3)[0] == [(32, [0, 1]), (32, [2, 3, 4])]
     assert plan_batches([3, 4], (16,), 1)[0] == [(16, [0]), (16, [1])]

@@ -16,9 +16,8 @@ mode. Output: a shards directory (:mod:`domino_jax.train.shard_store`), read bac
 Speed: prompts are bucketed by token length into a few fixed widths (``--widths``, default
 64,128,256,512; longer prompts are skipped and counted) and every batch has the same
 ``--batch-size`` rows (short batches are filled with discarded filler rows), so one program
-per (mode, width) compiles; a width with less than one batch of prompts passes them to the
-next wider one, and the widths' batches interleave, so a run stopped by its time budget has
-answered every width's share (:func:`plan_batches`). One host sync per batch (the whole
+per (mode, width) compiles; the widths' batches interleave, so a run stopped by its time
+budget has answered every width's share (:func:`plan_batches`). One host sync per batch (the whole
 batch's decode loop runs on the device).
 
 Resume: the ``(id, mode)`` pairs already in the manifest are skipped, so a run that stopped
@@ -163,10 +162,7 @@ def plan_batches(lengths: Sequence[int], widths: Sequence[int], batch_size: int
                  ) -> tuple[list[tuple[int, list[int]]], list[int]]:
     """``(batches, too_long)``: each batch ``(width, positions)`` holds at most
     ``batch_size`` prompts (positions into ``lengths``, in order) of the smallest width that
-    fits them; ``too_long`` lists the prompts longer than every width. A width with fewer
-    prompts than one batch passes them to the next wider one (the widest keeps its own):
-    each width is one program to compile, so none is compiled for a part of a batch that a
-    wider one can take.
+    fits them; ``too_long`` lists the prompts longer than every width.
 
     A full batch whose longest prompt would pad to less than its width gives up one row to
     a full-width filler (:func:`run_batch`), so every batch of a width runs one program
@@ -174,17 +170,16 @@ def plan_batches(lengths: Sequence[int], widths: Sequence[int], batch_size: int
 
     The widths' batches are interleaved in proportion (a width's ``i``-th of ``n`` batches
     at ``(i + 1/2) / n`` of the run), so a run stopped by its time budget has answered every
-    width's share of the prompts, not only the short ones (docs/design.md §26)."""
+    width's share of the prompts, not only the short ones (docs/design.md §26). Planning
+    only the prompts a stopped run left gives the rest of the same batches, row for row (a
+    width's batches are consecutive slices of its prompts), so a resumed run writes what an
+    uninterrupted one would."""
     widths = check_widths(widths)
     buckets: dict[int, list[int]] = {w: [] for w in widths}
     too_long = []
     for position, n in enumerate(lengths):
         width = next((w for w in widths if n <= w), None)
         (buckets[width] if width is not None else too_long).append(position)
-    for narrow, wide in zip(widths, widths[1:]):
-        if 0 < len(buckets[narrow]) < batch_size:
-            buckets[wide] = sorted(buckets[wide] + buckets.pop(narrow))
-            buckets[narrow] = []
     per_width = []
     for width in widths:
         rows, start, chunks = buckets[width], 0, []
