@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 
 import jax
@@ -294,12 +295,13 @@ def test_campaign_curve_reads_as_curve_points(tmp_path, capsys):
 
 def test_curve_slope_per_doubling(tmp_path, capsys):
     """``--slope-rounds``: the least-squares slope of tau against log2(distinct examples) over
-    the named rounds only, checked against numpy's fit; an unknown round is a clear error."""
-    import numpy as np
-
+    the named rounds only (a branch between them, far off the line, left out); an unknown
+    round is a clear error."""
     from domino_jax.train import curve as curve_cli
 
-    xs, taus = [1000, 2000, 4000, 9000], [2.0, 2.1, 2.25, 2.3]
+    # tau = 1.2 + 0.1 log2(x) exactly, but for +-0.05 at the middle points: slope 0.1 - 0.01
+    xs = [1000, 2000, 4000, 8000]
+    taus = [1.2 + 0.1 * math.log2(x) + d for x, d in zip(xs, [0.0, 0.05, -0.05, 0.0])]
     rounds = [{"round": i, "distinct_examples_total": x, "steps_total": i,
                "tau": {"domino": {"all": t}, "ngram": {"chat": 1.0}}}
               for i, (x, t) in enumerate(zip(xs, taus))]
@@ -308,13 +310,13 @@ def test_curve_slope_per_doubling(tmp_path, capsys):
     path = tmp_path / "campaign_curve.json"
     path.write_text(json.dumps(rounds))
     points = curve_cli.select_rounds(curve_cli.campaign_points(str(path)), ["0", "1", "2", "3"])
-    want = np.polyfit(np.log2(xs), taus, 1)[0]
+    want = 0.1 - 0.01     # sum((x - mean) dy) / sum((x - mean)^2) = (-0.025 - 0.025) / 5
     assert curve_cli.slope_per_doubling(points, "domino") == pytest.approx(want, rel=1e-12)
     with pytest.raises(ValueError, match="fewer than two points"):
         curve_cli.slope_per_doubling(points, "ngram")
     curve_cli.main([str(path), "--slope-rounds", "0,1,2,3", "--out", str(tmp_path / "c.png")])
     out = capsys.readouterr().out
-    assert f"domino: {want:+.3f}" in out and "rounds 0, 1, 2, 3 (1,000 to 9,000)" in out, out
+    assert f"domino: {want:+.3f}" in out and "rounds 0, 1, 2, 3 (1,000 to 8,000)" in out, out
     with pytest.raises(SystemExit) as e:
         curve_cli.main([str(path), "--slope-rounds", "0,7"])
     assert e.value.code == 2 and "no round 7" in capsys.readouterr().err

@@ -36,6 +36,8 @@ import os
 import sys
 from typing import Sequence
 
+import numpy as np
+
 CURVE_JSON = "curve.json"
 CURVE_PNG = "curve.png"
 X_AXES = ("step", "tokens_seen", "examples_seen", "distinct_examples", "wall_seconds")
@@ -95,10 +97,8 @@ def slope_per_doubling(points: Sequence[dict], method: str, kind: str = "all") -
     if len({x for x, _ in rows}) < 2:
         raise ValueError(f"tau {method}/{kind}: fewer than two points with distinct "
                          "distinct_examples to fit a slope")
-    mx = sum(x for x, _ in rows) / len(rows)
-    my = sum(y for _, y in rows) / len(rows)
-    return (sum((x - mx) * (y - my) for x, y in rows)
-            / sum((x - mx) ** 2 for x, _ in rows))
+    xs, ys = zip(*rows)
+    return float(np.polyfit(xs, ys, 1)[0])
 
 
 def select_rounds(points: Sequence[dict], rounds: Sequence[str]) -> list[dict]:

@@ -17,8 +17,8 @@ Speed: prompts are bucketed by token length into a few fixed widths (``--widths`
 64,128,256,512; longer prompts are skipped and counted) and every batch has the same
 ``--batch-size`` rows (short batches are filled with discarded filler rows), so one program
 per (mode, width) compiles; the widths' batches interleave, so a run stopped by its time
-budget has answered every width's share (:func:`plan_batches`). One host sync per batch (the whole
-batch's decode loop runs on the device).
+budget has answered every width's share (:func:`plan_batches`). One host sync per batch
+(the whole batch's decode loop runs on the device).
 
 Resume: the ``(id, mode)`` pairs already in the manifest are skipped, so a run that stopped
 (crash, ``--limit``, a lost machine) continues where it stopped and never writes a pair
