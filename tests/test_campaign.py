@@ -180,7 +180,7 @@ def _round(root, index, init, curve=None, max_seconds=600, extra=(), train_args=
 
 def test_two_rounds(setup):
     from domino_jax.train.checkpoint_parts import join_parts
-    from domino_jax.train.shard_store import ShardDataset
+    from domino_jax.train.shard_store import ShardDataset, read_manifest
 
     root = setup
     out0 = _round(root, 0, root / "init", extra=["--initial-eval"])
@@ -190,7 +190,8 @@ def test_two_rounds(setup):
     # ends after its first step, evaluated and exported all the same; the first call's
     # responses still count as the round's new examples
     init1 = root / "work" / "round-0" / "draft-bf16"
-    _round(root, 1, init1, out0 / "curve.json", extra=["--phases", "generate"])
+    _round(root, 1, init1, out0 / "curve.json",
+           extra=["--phases", "generate", "--gen-widths", "128"])
     out1 = _round(root, 1, init1, out0 / "curve.json",
                   extra=["--phases", "train", "--deadline-seconds", "1", "--export-shards"])
     with open(out1 / "curve.json") as f:
@@ -218,6 +219,10 @@ def test_two_rounds(setup):
     assert record["point"] == curve[-1] and record["phases"] == ["train"]
     with open(root / "work" / "round-1-generate.json") as f:
         assert json.load(f)["greedy"]["written"] == 4
+    # round 0 answered with the default widths, round 1 with --gen-widths alone
+    widths = [entry["settings"]["widths"]
+              for entry in read_manifest(str(root / "work" / "shards"))["shards"]]
+    assert widths[0] == [64, 128, 256, 512] and widths[-1] == [128], widths
     # the exported shards, joined, replay into a new machine's work folder: round 0's prompts
     # are not answered again there
     join_parts(str(out1 / "shards"), str(root / "carried"))

@@ -227,6 +227,8 @@ def generate_phase(args, work: str) -> dict:
                 "--seconds", str(left), "--no-progress"]
         if args.target:
             argv += ["--target", args.target]
+        if args.gen_widths:
+            argv += ["--widths", args.gen_widths]
         summaries[name] = shards._generate(shards.build_parser().parse_args(argv))
     with open(_generate_record(work, args.round), "w") as f:   # for a later --phases train
         json.dump(summaries, f, indent=1, default=str)
@@ -344,6 +346,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--gen-batch-size", type=int, default=1024)
     p.add_argument("--gen-queue", type=int, default=4)
+    p.add_argument("--gen-widths", default=None, metavar="W,W,..",
+                   help="prompt width buckets of the self-distillation programs (default: "
+                        "shards' 64,128,256,512); each width compiles its own programs, a "
+                        "mode each, so a fresh machine may take fewer (docs/design.md §26)")
     p.add_argument("--gen-seconds", type=float, default=300.0)
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--batch-size", type=int, default=64)
