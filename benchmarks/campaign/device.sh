@@ -6,7 +6,8 @@
 #   device.sh round R INIT CURVE [campaign flags...]
 #                              campaign round R from drafter folder INIT ('fresh': a new one)
 #                              and curve CURVE; what comes back goes to $OUT (the drafter's
-#                              parts, back.tar with the curve, the round's record and logs)
+#                              parts, back.tar with the curve, the round's record and logs,
+#                              and as many of the exported shards' parts as fit the call)
 #   device.sh fetch DIR [SKIP] files under /tmp/dj/DIR (e.g. out-9/shards, xla), sorted,
 #                              after the first SKIP, at most 8 files and 60 MiB, into $OUT
 set -euo pipefail
@@ -34,6 +35,20 @@ setup() {
   touch "$DJ/ready"; ls "$DJ"
 }
 
+# copy_files SRC SKIP DEST MAXFILES MAXBYTES: SRC's files, sorted, after the first SKIP, into
+# DEST while both limits hold; says where a later fetch goes on
+copy_files() {
+  local src="$1" skip="$2" dest="$3" max_files="$4" max_bytes="$5"
+  (cd "$src" && find . -type f | sort) | tail -n +$((skip + 1)) | {
+    n=0 bytes=0
+    while read -r f; do
+      size=$(stat -c %s "$src/$f")
+      [ $n -lt "$max_files" ] && [ $((bytes + size)) -le "$max_bytes" ] || break
+      mkdir -p "$dest/$(dirname "$f")"; cp "$src/$f" "$dest/$f"; n=$((n + 1)); bytes=$((bytes + size))
+    done
+    echo "fetch $src: $n files, $bytes bytes (next: SKIP=$((skip + n)) of $(cd "$src" && find . -type f | wc -l))"; }
+}
+
 cmd="${1:-}"; shift || true
 case "$cmd" in
   stash)
@@ -55,20 +70,18 @@ case "$cmd" in
     metrics=$(ls -t "$DJ"/work/round-"$r"*/metrics.jsonl 2>/dev/null | head -1 || true)
     [ -n "$metrics" ] && cp "$metrics" "$out/metrics-round$r.jsonl"
     (cd "$out" && tar czf "$OUT/back.tar.gz" --exclude ./shards --exclude ./draft .)
-    ls -la "$OUT"; exit "$rc" ;;
+    # the exported shards' first parts too, in what a call's 8 files and ~60 MiB leave
+    if [ -d "$out/shards" ]; then
+      used=$(find "$OUT" -type f | wc -l) bytes=$(du -sb "$OUT" | cut -f1)
+      copy_files "$out/shards" 0 "$OUT/shards" $((8 - used)) $((60 * 1024 * 1024 - bytes))
+    fi
+    ls -laR "$OUT"; exit "$rc" ;;
   fetch)
     [ $# -ge 1 ] || { echo "usage: device.sh fetch DIR [SKIP]" >&2; exit 2; }
     src="$DJ/$1" skip="${2:-0}"
     [ -d "$src" ] || { echo "fetch: no $src" >&2; exit 2; }
     if [ "$1" = xla ]; then tar czf "$DJ/xla.tgz" -C "$DJ" xla && src="$DJ/xla.tgz.d" &&
       rm -rf "$src" && mkdir "$src" && split -d -b 15M "$DJ/xla.tgz" "$src/xla.tgz.part-"; fi
-    (cd "$src" && find . -type f | sort) | tail -n +$((skip + 1)) | {
-      n=0 bytes=0
-      while read -r f; do
-        size=$(stat -c %s "$src/$f")
-        [ $n -lt 8 ] && [ $((bytes + size)) -le $((60 * 1024 * 1024)) ] || break
-        mkdir -p "$OUT/$(dirname "$f")"; cp "$src/$f" "$OUT/$f"; n=$((n + 1)); bytes=$((bytes + size))
-      done
-      echo "fetch: $n files, $bytes bytes (next: SKIP=$((skip + n)) of $(cd "$src" && find . -type f | wc -l))"; } ;;
+    copy_files "$src" "$skip" "$OUT" 8 $((60 * 1024 * 1024)) ;;
   *) echo "usage: device.sh stash | round R INIT CURVE [flags...] | fetch DIR [SKIP]" >&2; exit 2 ;;
 esac
