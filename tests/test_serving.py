@@ -15,7 +15,7 @@ from decode_helpers import (assert_first_three_follow_target, draft_config,
 from test_decode_adaptive import AD, MIXED
 from test_decode_greedy import MAX_NEW, PI, RAGGED  # MAX_NEW: generate's programs shared
 from test_decode_sampling import PROMPT, V, models  # noqa: F401  (the T > 0 tiny pair)
-from domino_jax.decode import serving
+from domino_jax.decode import serving, speculative
 from domino_jax.decode.adaptive import AdaptiveConfig, PolicyState
 from domino_jax.decode.cost_model import CostModel
 from domino_jax.decode.methods import make_drafter, method_options
@@ -67,6 +67,25 @@ def test_every_request_gets_its_greedy_ar_tokens(method, auto, refill_rows):
     assert result.loop_rounds >= int(result.rounds.max())
     if auto:
         assert sum(result.verify_widths.values()) == result.loop_rounds
+
+
+def test_compile_jobs_compile_what_serve_runs():
+    """:func:`serving.compile_jobs`, run on threads, compile every program a queue of
+    ``slots`` rows refilled one row at a time runs (sizes 1 and 2, the first fill's 4):
+    the serve after them compiles nothing, and its tokens are AR's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, target, params, _ = _pair()
+    config = DecodeConfig(method="ar", max_new_tokens=MAX_NEW + 1)   # programs of its own
+    width = speculative.prompt_bucket(max(len(r) for r in REQUESTS))
+    jobs = serving.compile_jobs(target, params, config, width, 4, refill_rows=1)
+    assert len(jobs) == 3
+    with ThreadPoolExecutor(3) as pool:
+        seconds = list(pool.map(lambda job: job(), jobs))
+    assert all(s > 0 for s in seconds), seconds
+    result = serving.serve(target, params, REQUESTS, config, slots=4, refill_rows=1)
+    assert result.compile_seconds == 0.0 and result.refills >= 2
+    assert result.tokens == reference_greedy(target, params, REQUESTS, MAX_NEW + 1)
 
 
 def test_static_batch_equals_generate():

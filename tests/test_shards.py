@@ -255,7 +255,9 @@ def test_continuous_batching_gives_the_static_greedy_examples(model, full, tmp_p
     settings = dataclasses.replace(SETTINGS, queue=3, batch_size=2)
     out = tmp_path / "queued"
     summary = generate_shards(RECORDS, str(out), *model, encode, INFO, settings,
-                              ("greedy", "sampled"), progress=False)
+                              ("greedy", "sampled"), progress=False, compile_workers=2)
+    # each mode's and width's queue: its first programs and its middle refill (size 1)
+    assert summary["compile_ahead_jobs"] == 2 * 2 * 2 and summary["compile_ahead_failed"] == 0
     _, static_summary, static = full
     queued = content(out)
     assert greedy_only(queued) == greedy_only(static)
@@ -264,6 +266,15 @@ def test_continuous_batching_gives_the_static_greedy_examples(model, full, tmp_p
     assert summary["batches"] < static_summary["batches"]      # 6 prompts a call, not 4
     shards = shard_store.read_manifest(str(out))["shards"]
     assert shards and all(entry["settings"]["queue"] == 3 for entry in shards)
+
+
+def test_compiling_ahead_writes_the_same_shards(model, full, tmp_path):
+    """``compile_workers``: the static batches' programs compiled on threads from the
+    start; the examples are the uninterrupted run's, sampled ones included."""
+    summary = run(model, tmp_path / "ahead", compile_workers=3)
+    assert content(tmp_path / "ahead") == full[2]
+    assert summary["compile_ahead_jobs"] == 2 * 2 and summary["compile_ahead_failed"] == 0
+    assert "compile_ahead_jobs" not in full[1]                    # off by default
 
 
 def test_time_limit_stops_between_batches_and_resumes(model, full, tmp_path):

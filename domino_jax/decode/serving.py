@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -194,6 +194,47 @@ def refill_plan(free: int, waiting: int, slots: int) -> tuple[int, int]:
     return count, refill_size(count, slots)
 
 
+def refill_program(target, drafter, config: DecodeConfig, target_params, draft_params,
+                   batch: int, width: int, capacity: int):
+    """``(prefill_fn, seconds)``: the refill prefill of ``batch`` prompts padded to
+    ``width`` into caches of ``capacity`` slots, compiled on first use (cached as
+    :func:`~domino_jax.decode.speculative.compiled_prefill`'s)."""
+    return speculative.compiled_prefill(
+        target, drafter, config, target_params, draft_params,
+        jnp.zeros((batch, width), jnp.int32), jnp.ones((batch,), jnp.int32),
+        jax.random.PRNGKey(0), capacity)
+
+
+def compile_jobs(target, target_params, config: DecodeConfig, width: int, slots: int,
+                 drafter=None, draft_params=None,
+                 refill_rows: int | None = None) -> list[Callable[[], float]]:
+    """Thunks, each returning its seconds, that compile what a :func:`serve` of requests
+    padded to ``width`` through ``slots`` rows runs first: the first prefill and the round
+    loop (one thunk), and the refill prefills of the queue's middle (one thunk each: the
+    powers of two from ``refill_rows``' down to ``slots / 2``, :func:`refill_plan`; the
+    queue's last refill, of any size, compiles when it comes). Run them on threads and they
+    compile concurrently (the program cache is thread-safe; a :func:`serve` that needs a
+    program being compiled waits for it), e.g. while another width's batch decodes
+    (``docs/design.md`` §26)."""
+    slots = int(slots)
+    refill_rows = default_refill_rows(slots) if refill_rows is None else int(refill_rows)
+    rows = [[0] * width] * slots
+    plan = speculative._plan(target, rows, config, drafter, width=width)
+
+    def first():
+        return speculative._prepare(target, target_params, rows, config, drafter,
+                                    draft_params, 0, width=width,
+                                    many_calls=True).compile_seconds
+
+    def refill(batch):
+        return lambda: refill_program(target, plan.drafter, config, target_params,
+                                      draft_params, batch, width, plan.capacity)[1]
+
+    smallest = 1 << (max(refill_rows, 1).bit_length() - 1)
+    return [first] + [refill(b) for b in (1 << i for i in range(slots.bit_length()))
+                      if smallest <= b < slots]
+
+
 def serve(target, target_params, requests: Sequence[Sequence[int]], config: DecodeConfig,
           drafter=None, draft_params=None, slots: int | None = None, seed: int = 0,
           cost_model: CostModel | None = None, refill_rows: int | None = None) -> ServeResult:
@@ -231,10 +272,9 @@ def serve(target, target_params, requests: Sequence[Sequence[int]], config: Deco
     def prefill_fn(batch):               # compiled on first use, its seconds kept apart
         nonlocal refill_compile
         if batch not in prefill_fns:
-            prompt = jnp.zeros((batch, width), jnp.int32)
-            prefill_fns[batch], seconds = speculative.compiled_prefill(
-                target, prep.drafter, config, target_params, draft_params, prompt,
-                jnp.ones((batch,), jnp.int32), prep.key, prep.capacity)
+            prefill_fns[batch], seconds = refill_program(
+                target, prep.drafter, config, target_params, draft_params, batch, width,
+                prep.capacity)
             refill_compile += seconds
         return prefill_fns[batch]
 

@@ -172,13 +172,21 @@ def _resolve_drafter(target: TargetLM, config: DecodeConfig, drafter) -> Drafter
     return drafter
 
 
-def _prepare(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
-             config: DecodeConfig, drafter, draft_params, seed: int,
-             width: int | None = None, many_calls: bool = False) -> _Prepared:
-    """Validate, pad (to ``width`` when given), size the cache and fetch (or compile) the
-    programs: everything :func:`generate` does before running anything (shared with
-    :func:`precompile` and :func:`~domino_jax.decode.serving.serve`, which calls the round
-    loop many times: ``many_calls``, see :func:`rounds_compiler_options`)."""
+class _Plan(NamedTuple):
+    """What :func:`_plan` decides: the programs' shapes, before any compile."""
+
+    drafter: Any                  # the loop drafter (loop.loop_arms)
+    widths: tuple[int, ...]       # the loop's arms
+    prompt: jax.Array             # [B, T] right-padded prompts
+    prompt_len: jax.Array         # [B] int32
+    num_drafts: int               # verify rows per round - 1
+    capacity: int                 # target cache slots
+
+
+def _plan(target: TargetLM, prompts: Sequence[Sequence[int]], config: DecodeConfig, drafter,
+          width: int | None = None) -> _Plan:
+    """Validate, pad (to ``width`` when given) and size the cache: the shapes of the
+    programs a :func:`generate` of ``prompts`` runs, nothing compiled."""
     drafter, widths = loop.loop_arms(config, _resolve_drafter(target, config, drafter))
     check_context_length(target.config, [len(p) for p in prompts], config.max_new_tokens)
     prompt, prompt_len = pad_prompts(prompts, width=width)
@@ -192,12 +200,23 @@ def _prepare(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
         raise ValueError(f"prompt of {int(prompt_len.max())} tokens + max_new_tokens "
                          f"{config.max_new_tokens} (+{num_drafts + 1} verify slack) needs "
                          f"{needed} cache slots, but the capacity is {capacity}")
+    return _Plan(drafter, widths, prompt, prompt_len, num_drafts, capacity)
+
+
+def _prepare(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],
+             config: DecodeConfig, drafter, draft_params, seed: int,
+             width: int | None = None, many_calls: bool = False) -> _Prepared:
+    """:func:`_plan`, then fetch (or compile) the programs: everything :func:`generate`
+    does before running anything (shared with :func:`precompile` and
+    :func:`~domino_jax.decode.serving.serve`, which calls the round loop many times:
+    ``many_calls``, see :func:`rounds_compiler_options`)."""
+    plan = _plan(target, prompts, config, drafter, width)
     key = jax.random.PRNGKey(seed)
     prefill_fn, rounds_fn, compile_seconds = _compiled(
-        target, drafter, config, target_params, draft_params, prompt, prompt_len, key, capacity,
-        many_calls)
-    return _Prepared(prompt, prompt_len, key, num_drafts, prefill_fn, rounds_fn,
-                     compile_seconds, drafter, capacity, widths)
+        target, plan.drafter, config, target_params, draft_params, plan.prompt,
+        plan.prompt_len, key, plan.capacity, many_calls)
+    return _Prepared(plan.prompt, plan.prompt_len, key, plan.num_drafts, prefill_fn,
+                     rounds_fn, compile_seconds, plan.drafter, plan.capacity, plan.widths)
 
 
 def precompile(target: TargetLM, target_params, prompts: Sequence[Sequence[int]],

@@ -229,6 +229,7 @@ def generate_phase(args, work: str) -> dict:
             argv += ["--target", args.target]
         if args.gen_widths:
             argv += ["--widths", args.gen_widths]
+        argv += ["--compile-workers", str(args.gen_compile_workers)]
         summaries[name] = shards._generate(shards.build_parser().parse_args(argv))
     with open(_generate_record(work, args.round), "w") as f:   # for a later --phases train
         json.dump(summaries, f, indent=1, default=str)
@@ -346,6 +347,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--gen-batch-size", type=int, default=1024)
     p.add_argument("--gen-queue", type=int, default=4)
+    p.add_argument("--gen-compile-workers", type=int, default=8, metavar="N",
+                   help="compile a generate pass's programs on N threads from its start, "
+                        "while its first batches decode (0: each when first needed)")
     p.add_argument("--gen-widths", default=None, metavar="W,W,..",
                    help="prompt width buckets of the self-distillation programs (default: "
                         "shards' 64,128,256,512); each width compiles its own programs, a "

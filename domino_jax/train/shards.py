@@ -43,7 +43,7 @@ import numpy as np
 
 from domino_jax.console import add_verbose_flag, setup_logging
 from domino_jax.decode.sampling import SamplingConfig
-from domino_jax.decode.speculative import DecodeConfig, generate, prompt_bucket
+from domino_jax.decode.speculative import DecodeConfig, generate, precompile, prompt_bucket
 from domino_jax.train.shard_store import (META_KEYS, ShardDataset, ShardError, ShardWriter,
                                           merge_shards, pack_examples, read_manifest,
                                           token_dtype, verify_shards)
@@ -221,6 +221,61 @@ def run_batch(target, target_params, prompts: Sequence[Sequence[int]], width: in
     return result.tokens[:len(prompts)], result
 
 
+def compile_jobs(target, target_params, settings: GenerationSettings,
+                 plans: dict[str, list[tuple[int, list[int]]]]) -> list[Callable[[], float]]:
+    """The compiles (thunks returning seconds) of the programs :func:`run_batch` will run
+    for ``plans`` (mode -> :func:`plan_batches`' batches), each program once, in the order
+    the batches first need them: a queue's (:func:`~domino_jax.decode.serving.compile_jobs`)
+    or a static batch's (:func:`~domino_jax.decode.speculative.precompile`)."""
+    from domino_jax.decode import serving
+
+    jobs, seen = [], set()
+    for mode, batches in plans.items():
+        config = settings.decode_config(mode)
+        for width, chunk in batches:
+            queued = settings.queue > 1 and len(chunk) > settings.batch_size
+            if (mode, width, queued) in seen:
+                continue
+            seen.add((mode, width, queued))
+            if queued:
+                jobs += serving.compile_jobs(target, target_params, config, width,
+                                             settings.batch_size)
+            else:
+                rows = [[0] * width] * settings.batch_size
+                jobs.append(lambda rows=rows, config=config:
+                            precompile(target, target_params, rows, config))
+    return jobs
+
+
+class CompileAhead:
+    """Runs compile thunks on ``workers`` threads from construction (none with 0); the
+    program cache they fill is thread-safe, and a batch whose program is still compiling
+    waits for it (``docs/design.md`` §26). :meth:`close` cancels what has not started and
+    returns ``{"compile_ahead_jobs", "compile_ahead_failed", "compile_ahead_seconds"}`` of
+    those that finished (a failed compile is logged: its batch compiles it again)."""
+
+    def __init__(self, jobs: Sequence[Callable[[], float]], workers: int):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.pool = ThreadPoolExecutor(workers) if workers > 0 and jobs else None
+        self.futures = [self.pool.submit(job) for job in jobs] if self.pool else []
+        if self.pool:
+            log.info("compiling %d programs ahead on %d threads", len(jobs), workers)
+
+    def close(self) -> dict:
+        if self.pool is None:
+            return {}
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        done = [f for f in self.futures if f.done() and not f.cancelled()]
+        failed = [f.exception() for f in done if f.exception() is not None]
+        for error in failed[:3]:
+            log.warning("a compile ahead failed (its batch compiled it again): %r", error)
+        return {"compile_ahead_jobs": len(done) - len(failed),
+                "compile_ahead_failed": len(failed),
+                "compile_ahead_seconds": round(sum(f.result() for f in done
+                                                   if f.exception() is None), 3)}
+
+
 def batch_seed(seed: int, mode: str, ids: Sequence[str]) -> int:
     """The sampling seed of a batch: a hash of ``(seed, mode, ids)`` (independent of where
     the batch falls in a run, so resumed and uninterrupted runs agree)."""
@@ -260,7 +315,7 @@ def generate_shards(records: Sequence[dict], out_dir: str, target, target_params
                     modes: Sequence[str] = ("greedy",), shard_examples: int = 8192,
                     shard_bytes: int = SHARD_BYTES, progress: bool = True,
                     on_batch: Callable[[int], None] | None = None,
-                    seconds: float | None = None) -> dict:
+                    seconds: float | None = None, compile_workers: int = 0) -> dict:
     """Answer every ``(record, mode)`` not yet in ``out_dir`` and write the examples as
     shards of whole batches (each at most ``shard_examples`` examples and ``shard_bytes``
     of tokens, unless one batch alone is larger). ``encode(prompt) -> ids`` is the prompt encoder (the CLI
@@ -268,7 +323,10 @@ def generate_shards(records: Sequence[dict], out_dir: str, target, target_params
     (:func:`target_fingerprint`). ``on_batch(batches_done)`` is called after each batch
     (tests interrupt a run by raising from it). ``seconds``: start no batch after that many
     seconds (what is done is written; the rest is left for a later call, ``stopped`` in the
-    summary). Returns a summary (counts, seconds, response tokens/s)."""
+    summary). ``compile_workers > 0`` compiles every program the plan will run (each mode's
+    and width's) on that many threads from the start, in the order the batches need them,
+    while the first batches decode (:class:`CompileAhead`); 0 compiles each when its first
+    batch comes. Returns a summary (counts, seconds, response tokens/s)."""
     from tqdm.auto import tqdm
 
     modes = check_modes(modes)
@@ -307,8 +365,8 @@ def generate_shards(records: Sequence[dict], out_dir: str, target, target_params
                 log.info("wrote %s: %d examples, %d tokens", name, len(pending), len(tokens))
             pending.clear()
 
+        plans = {}
         for mode in modes:
-            config = settings.decode_config(mode)
             recs = [r for r in todo[mode] if len(ids_of[r["id"]])]
             stats["skipped_empty"] += len(todo[mode]) - len(recs)
             batches, too_long = plan_batches([len(ids_of[r["id"]]) for r in recs],
@@ -319,7 +377,14 @@ def generate_shards(records: Sequence[dict], out_dir: str, target, target_params
                             settings.widths[-1])
             stats["skipped_too_long"] += len(too_long)
             bar.total -= len(too_long) + len(todo[mode]) - len(recs)
-            bar.refresh()
+            plans[mode] = recs, batches
+        bar.refresh()
+        ahead = CompileAhead(compile_jobs(target, target_params, settings,
+                                          {m: b for m, (_, b) in plans.items()}),
+                             compile_workers)
+        for mode in modes:
+            config = settings.decode_config(mode)
+            recs, batches = plans[mode]
             for width, chunk in batches:
                 if seconds is not None and time.perf_counter() - t_start >= seconds:
                     stats["stopped"] = True
@@ -361,6 +426,7 @@ def generate_shards(records: Sequence[dict], out_dir: str, target, target_params
                 break
         flush()
         bar.close()
+        stats.update(ahead.close())
     seconds = time.perf_counter() - t_start
     device = stats["prefill_seconds"] + stats["decode_seconds"]
     stats.update({k: round(stats[k], 3) for k in ("compile_seconds", "prefill_seconds",
@@ -421,6 +487,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "later call: rerun the same command to continue)")
     g.add_argument("--widths", default=",".join(map(str, DEFAULT_WIDTHS)),
                    help="prompt length buckets (tokens); longer prompts are skipped")
+    g.add_argument("--compile-workers", type=int, default=0, metavar="N",
+                   help="compile every program the run needs on N threads from the start, "
+                        "while the first batches decode (0: each when first needed)")
     g.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--no-progress", action="store_true")
@@ -473,7 +542,7 @@ def _generate(args) -> dict:
     summary = generate_shards(records, args.out, target, target_params,
                               lambda text: encode_prompt(tokenizer, text), info, settings,
                               modes, args.shard_examples, progress=not args.no_progress,
-                              seconds=args.seconds)
+                              seconds=args.seconds, compile_workers=args.compile_workers)
     summary["dtype"] = args.dtype
     return summary
 
