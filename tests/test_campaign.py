@@ -134,6 +134,32 @@ def test_generate_phase_runs_top_up_first_within_the_sampled_reserve(tmp_path, m
     assert campaign.new_examples({"sampled": {"skipped": "no time left"}}) == 0
 
 
+def test_a_pass_the_device_fails_keeps_what_it_wrote(setup, monkeypatch):
+    """A generate pass that dies on the device (out of memory) after committing shards: the
+    round goes on (the next pass, training), and its committed examples count as new."""
+    import jax
+
+    from domino_jax.train import shards
+
+    root, real = setup, shards._generate
+
+    def failing_sampled(a):
+        if a.modes != "sampled":
+            return real(a)
+        a.limit = 2                                  # commits 2 examples, then the device fails
+        real(a)
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory")
+
+    monkeypatch.setattr(shards, "_generate", failing_sampled)
+    out = _round(root, 0, root / "init", work="work-failing", out="out-failing")
+    with open(out / "round.json") as f:
+        record = json.load(f)
+    sampled = record["generate"]["sampled"]
+    assert sampled["written"] == 2 and sampled["failed"].startswith("JaxRuntimeError: RESOURCE")
+    assert record["generate"]["greedy"]["written"] == 4
+    assert record["point"]["distinct_examples"] == record["point"]["distinct_examples_total"] == 6
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     from converters.hf_draft import export_draft
@@ -159,8 +185,8 @@ def setup(tmp_path_factory):
 
 
 def _round(root, index, init, curve=None, max_seconds=600, extra=(), train_args="",
-           work="work"):
-    out = root / f"out{index}"
+           work="work", out=None):
+    out = root / (out or f"out{index}")
     argv = ["--round", str(index), "--corpus", str(root / "corpus"), "--work",
             str(root / work), "--out", str(out), "--init", str(init),
             "--target", str(root / "target"), "--prompts-per-round", "4",

@@ -15,6 +15,9 @@ cd "$(dirname "$0")/../.."
 DJ="${DJ:-/tmp/dj}"
 export PYTHONPATH="$DJ/pylib:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export DOMINO_JAX_SMOLLM2_GGUF="$DJ/stage/smollm2.gguf" DOMINO_JAX_TOKENIZER_DIR="$DJ/tokenizer"
+# the self-distillation queues (1,024 slots of a 512-token width: ~20 GB of caches, plus a
+# refill's prefill) and the programs compiling beside them need more than jax's default 75%
+export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}"
 export DOMINO_JAX_CACHE="$DJ/cache" DOMINO_JAX_COMPILE_CACHE="$DJ/xla" JAX_COMPILATION_CACHE_DIR="$DJ/xla"
 OUT="${OUT:-$DJ/out}"
 mkdir -p "$DJ/parts" "$OUT"

@@ -184,7 +184,11 @@ def _kinds(corpus: str) -> int:
 
 
 def generate_phase(args, work: str) -> dict:
-    """Append this round's greedy and sampled responses to ``WORK/shards``."""
+    """Append this round's greedy and sampled responses to ``WORK/shards``. A pass the
+    device fails (``JaxRuntimeError``, e.g. out of memory) is recorded as ``{"failed",
+    "written"}`` with the examples it committed, and the next pass runs."""
+    import jax
+
     from domino_jax.train import shards
 
     prompts = round_prompts(_read_jsonl(os.path.join(args.corpus, "train.jsonl")),
@@ -230,10 +234,27 @@ def generate_phase(args, work: str) -> dict:
         if args.gen_widths:
             argv += ["--widths", args.gen_widths]
         argv += ["--compile-workers", str(args.gen_compile_workers)]
-        summaries[name] = shards._generate(shards.build_parser().parse_args(argv))
+        before = examples_in(os.path.join(work, "shards"))
+        try:
+            summaries[name] = shards._generate(shards.build_parser().parse_args(argv))
+        except jax.errors.JaxRuntimeError as error:
+            # the device failed the pass (e.g. out of memory): the shards it committed stay
+            # and count, the other passes and the training go on
+            log.exception("round %d: the %s pass failed", args.round, name)
+            summaries[name] = {"failed": f"{type(error).__name__}: {str(error)[:400]}",
+                               "written": examples_in(os.path.join(work, "shards")) - before}
     with open(_generate_record(work, args.round), "w") as f:   # for a later --phases train
         json.dump(summaries, f, indent=1, default=str)
     return summaries
+
+
+def examples_in(shards_dir: str) -> int:
+    """Examples committed to a shards directory (0 when there is none yet)."""
+    from domino_jax.train.shard_store import is_shard_dir, read_manifest
+
+    if not is_shard_dir(shards_dir):
+        return 0
+    return sum(int(entry["examples"]) for entry in read_manifest(shards_dir)["shards"])
 
 
 def new_examples(generated: dict | None) -> int:
