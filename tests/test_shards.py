@@ -268,6 +268,26 @@ def test_continuous_batching_gives_the_static_greedy_examples(model, full, tmp_p
     assert shards and all(entry["settings"]["queue"] == 3 for entry in shards)
 
 
+def test_batch_tokens_give_wide_prompts_fewer_rows(model, full, tmp_path):
+    """``batch_tokens``: a width's batches hold at most ``batch_tokens // width`` prompts
+    (``plan_batches`` with sizes per width); greedy examples are the full run's."""
+    import dataclasses
+
+    assert plan_batches([3, 20, 25, 4, 30], (16, 32), {16: 2, 32: 1})[0] == [
+        (32, [1]), (16, [0, 3]), (32, [2]), (32, [4])]                # interleaved
+    settings = dataclasses.replace(SETTINGS, batch_tokens=64)        # 16: 4 rows, 32: 2
+    assert [settings.rows(w) for w in (16, 32, 64, 128)] == [4, 2, 1, 1]
+    out = tmp_path / "narrow"
+    summary = generate_shards(RECORDS, str(out), *model, encode, INFO, settings,
+                              ("greedy", "sampled"), progress=False)
+    assert greedy_only(content(out)) == greedy_only(full[2]) and set(content(out)) == set(full[2])
+    assert summary["batches"] > full[1]["batches"]
+    shards = shard_store.read_manifest(str(out))["shards"]
+    assert all(entry["settings"]["batch_tokens"] == 64 for entry in shards)
+    with pytest.raises(ValueError, match="batch_tokens must be >= 0"):
+        GenerationSettings(batch_tokens=-1)
+
+
 def test_compiling_ahead_writes_the_same_shards(model, full, tmp_path):
     """``compile_workers``: the static batches' programs compiled on threads from the
     start; the examples are the uninterrupted run's, sampled ones included."""

@@ -227,6 +227,7 @@ def generate_phase(args, work: str) -> dict:
         argv = ["generate", "--corpus", path, "--out", os.path.join(work, "shards"),
                 "--modes", mode, "--max-new-tokens", str(args.max_new_tokens),
                 "--batch-size", str(args.gen_batch_size), "--queue", str(args.gen_queue),
+                "--batch-tokens", str(args.gen_batch_tokens),
                 "--seed", str(args.round), "--temperature", str(args.temperature),
                 "--seconds", str(left), "--no-progress"]
         if args.target:
@@ -368,6 +369,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--gen-batch-size", type=int, default=1024)
     p.add_argument("--gen-queue", type=int, default=4)
+    p.add_argument("--gen-batch-tokens", type=int, default=131072, metavar="N",
+                   help="a prompt width's rows at most N // width (default: 1,024 rows up to "
+                        "128-token prompts, 256 rows of 512-token ones; 0: --gen-batch-size "
+                        "for all)")
     p.add_argument("--gen-compile-workers", type=int, default=8, metavar="N",
                    help="compile a generate pass's programs on N threads from its start, "
                         "while its first batches decode (0: each when first needed)")

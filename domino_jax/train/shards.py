@@ -37,7 +37,7 @@ import logging
 import os
 import sys
 import time
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -117,6 +117,7 @@ class GenerationSettings:
     max_new_tokens: int = 256
     batch_size: int = 256
     queue: int = 1                    # > 1: queue x batch_size prompts a call, slots refilled
+    batch_tokens: int = 0             # > 0: a width's rows at most batch_tokens // width
     widths: tuple[int, ...] = DEFAULT_WIDTHS
     temperature: float = 1.0          # mode "sampled"; "greedy" is T = 0
     top_p: float = 1.0
@@ -128,6 +129,8 @@ class GenerationSettings:
         object.__setattr__(self, "widths", check_widths(self.widths))
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.batch_tokens < 0:
+            raise ValueError(f"batch_tokens must be >= 0 (0: off), got {self.batch_tokens}")
         if self.queue < 1:
             raise ValueError(f"queue must be >= 1, got {self.queue}")
         if self.max_new_tokens < 1:
@@ -136,6 +139,15 @@ class GenerationSettings:
             raise ValueError(f"the sampled mode needs a finite temperature > 0, got "
                              f"{self.temperature}")
         self.sampling("sampled")       # validates top_p / top_k
+
+    def rows(self, width: int) -> int:
+        """Rows (slots) of a width's batches: ``batch_size``, or fewer for wide prompts so
+        that ``rows * width <= batch_tokens`` (at least 1): a prefill's memory grows with
+        rows x width (and its attention with width squared), and 1,024 rows of 512-token
+        prompts did not fit an 80 GB GPU (``docs/design.md`` §26)."""
+        if not self.batch_tokens:
+            return self.batch_size
+        return max(1, min(self.batch_size, self.batch_tokens // width))
 
     def sampling(self, mode: str) -> SamplingConfig:
         if mode == "greedy":
@@ -150,6 +162,7 @@ class GenerationSettings:
     def record(self, modes: Sequence[str]) -> dict:
         """JSON for the manifest: the common settings and each mode's sampling."""
         return {"max_new_tokens": self.max_new_tokens, "batch_size": self.batch_size,
+                "batch_tokens": self.batch_tokens,
                 "queue": self.queue,
                 "widths": list(self.widths), "seed": self.seed,
                 "stop_token_ids": list(self.stop_token_ids),
@@ -158,11 +171,13 @@ class GenerationSettings:
 
 # ----------------------------------------------------------------------------- batches
 
-def plan_batches(lengths: Sequence[int], widths: Sequence[int], batch_size: int
+def plan_batches(lengths: Sequence[int], widths: Sequence[int],
+                 batch_size: int | Mapping[int, int]
                  ) -> tuple[list[tuple[int, list[int]]], list[int]]:
     """``(batches, too_long)``: each batch ``(width, positions)`` holds at most
-    ``batch_size`` prompts (positions into ``lengths``, in order) of the smallest width that
-    fits them; ``too_long`` lists the prompts longer than every width.
+    ``batch_size`` prompts (or ``batch_size[width]``, per width) (positions into
+    ``lengths``, in order) of the smallest width that fits them; ``too_long`` lists the
+    prompts longer than every width.
 
     A full batch whose longest prompt would pad to less than its width gives up one row to
     a full-width filler (:func:`run_batch`), so every batch of a width runs one program
@@ -182,10 +197,11 @@ def plan_batches(lengths: Sequence[int], widths: Sequence[int], batch_size: int
         (buckets[width] if width is not None else too_long).append(position)
     per_width = []
     for width in widths:
+        size = batch_size[width] if isinstance(batch_size, Mapping) else batch_size
         rows, start, chunks = buckets[width], 0, []
         while start < len(rows):
-            chunk = rows[start:start + batch_size]
-            if (len(chunk) == batch_size > 1
+            chunk = rows[start:start + size]
+            if (len(chunk) == size > 1
                     and prompt_bucket(max(lengths[p] for p in chunk)) < width):
                 chunk = chunk[:-1]
             chunks.append(chunk)
@@ -233,15 +249,15 @@ def compile_jobs(target, target_params, settings: GenerationSettings,
     for mode, batches in plans.items():
         config = settings.decode_config(mode)
         for width, chunk in batches:
-            queued = settings.queue > 1 and len(chunk) > settings.batch_size
+            queued = settings.queue > 1 and len(chunk) > settings.rows(width)
             if (mode, width, queued) in seen:
                 continue
             seen.add((mode, width, queued))
             if queued:
                 jobs += serving.compile_jobs(target, target_params, config, width,
-                                             settings.batch_size)
+                                             settings.rows(width))
             else:
-                rows = [[0] * width] * settings.batch_size
+                rows = [[0] * width] * settings.rows(width)
                 jobs.append(lambda rows=rows, config=config:
                             precompile(target, target_params, rows, config))
     return jobs
@@ -371,7 +387,8 @@ def generate_shards(records: Sequence[dict], out_dir: str, target, target_params
             stats["skipped_empty"] += len(todo[mode]) - len(recs)
             batches, too_long = plan_batches([len(ids_of[r["id"]]) for r in recs],
                                              settings.widths,
-                                             settings.batch_size * settings.queue)
+                                             {w: settings.rows(w) * settings.queue
+                                              for w in settings.widths})
             if too_long:
                 log.warning("%s: %d prompts longer than %d tokens skipped", mode, len(too_long),
                             settings.widths[-1])
@@ -392,7 +409,7 @@ def generate_shards(records: Sequence[dict], out_dir: str, target, target_params
                 batch = [recs[p] for p in chunk]
                 prompts = [ids_of[r["id"]] for r in batch]
                 responses, result = run_batch(target, target_params, prompts, width,
-                                              settings.batch_size, config,
+                                              settings.rows(width), config,
                                               batch_seed(settings.seed, mode,
                                                          [r["id"] for r in batch]),
                                               settings.queue)
@@ -471,6 +488,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--modes", default="greedy,sampled", help="comma list of greedy,sampled")
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--batch-size", type=int, default=256, help="rows per generate call")
+    g.add_argument("--batch-tokens", type=int, default=0, metavar="N",
+                   help="a width's rows at most N // width (fewer rows for long prompts: a "
+                        "prefill's memory grows with rows x width); 0: --batch-size for all")
     g.add_argument("--queue", type=int, default=1,
                    help="prompts per row and call: > 1 runs queue x batch-size prompts through "
                         "batch-size slots with continuous batching (a finished row takes the "
@@ -530,6 +550,7 @@ def _generate(args) -> dict:
     target, target_params, _, _ = load_pair(target_dir, None, "ar", jnp.dtype(args.dtype))
     settings = GenerationSettings(
         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, queue=args.queue,
+        batch_tokens=args.batch_tokens,
         widths=tuple(widths),
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
         stop_token_ids=stop_token_ids(tokenizer, target.config))
