@@ -266,8 +266,8 @@ def compile_jobs(target, target_params, settings: GenerationSettings,
 class CompileAhead:
     """Runs compile thunks on ``workers`` threads from construction (none with 0); the
     program cache they fill is thread-safe, and a batch whose program is still compiling
-    waits for it (``docs/design.md`` §26). :meth:`close` cancels what has not started and
-    returns ``{"compile_ahead_jobs", "compile_ahead_failed", "compile_ahead_seconds"}`` of
+    waits for it (``docs/design.md`` §26). :meth:`close` (or leaving it as a context)
+    cancels what has not started and returns ``{"compile_ahead_jobs", "compile_ahead_failed", "compile_ahead_seconds"}`` of
     those that finished (a failed compile is logged: its batch compiles it again)."""
 
     def __init__(self, jobs: Sequence[Callable[[], float]], workers: int):
@@ -278,10 +278,17 @@ class CompileAhead:
         if self.pool:
             log.info("compiling %d programs ahead on %d threads", len(jobs), workers)
 
+    def __enter__(self) -> "CompileAhead":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()                  # a run that raised leaves no compile queued
+
     def close(self) -> dict:
         if self.pool is None:
             return {}
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        pool, self.pool = self.pool, None
+        pool.shutdown(wait=False, cancel_futures=True)
         done = [f for f in self.futures if f.done() and not f.cancelled()]
         failed = [f.exception() for f in done if f.exception() is not None]
         for error in failed[:3]:
@@ -396,54 +403,54 @@ def generate_shards(records: Sequence[dict], out_dir: str, target, target_params
             bar.total -= len(too_long) + len(todo[mode]) - len(recs)
             plans[mode] = recs, batches
         bar.refresh()
-        ahead = CompileAhead(compile_jobs(target, target_params, settings,
-                                          {m: b for m, (_, b) in plans.items()}),
-                             compile_workers)
-        for mode in modes:
-            config = settings.decode_config(mode)
-            recs, batches = plans[mode]
-            for width, chunk in batches:
-                if seconds is not None and time.perf_counter() - t_start >= seconds:
-                    stats["stopped"] = True
+        with CompileAhead(compile_jobs(target, target_params, settings,
+                                       {m: b for m, (_, b) in plans.items()}),
+                          compile_workers) as ahead:
+            for mode in modes:
+                config = settings.decode_config(mode)
+                recs, batches = plans[mode]
+                for width, chunk in batches:
+                    if seconds is not None and time.perf_counter() - t_start >= seconds:
+                        stats["stopped"] = True
+                        break
+                    batch = [recs[p] for p in chunk]
+                    prompts = [ids_of[r["id"]] for r in batch]
+                    responses, result = run_batch(target, target_params, prompts, width,
+                                                  settings.rows(width), config,
+                                                  batch_seed(settings.seed, mode,
+                                                             [r["id"] for r in batch]),
+                                                  settings.queue)
+                    batch_tokens = sum(len(p) + len(r) for p, r in zip(prompts, responses))
+                    if len(pending) + len(batch) > shard_examples or \
+                            (pending.tokens + batch_tokens) * writer.dtype.itemsize > shard_bytes:
+                        flush()                                   # shards end at batch boundaries
+                    for record, prompt, response in zip(batch, prompts, responses):
+                        pending.add(record, mode, prompt, np.asarray(response, np.int32),
+                                    bool(response) and response[-1] in stop_ids)
+                        stats["response_tokens"] += len(response)
+                        stats["prompt_tokens"] += len(prompt)
+                    stats["written"] += len(batch)
+                    stats["batches"] += 1
+                    stats["compile_seconds"] += result.compile_seconds
+                    stats["prefill_seconds"] += result.prefill_seconds
+                    stats["decode_seconds"] += result.decode_seconds
+                    elapsed = time.perf_counter() - t_start
+                    report = log.debug if progress else log.info      # the bar shows it
+                    report("batch %d (%s, width %d, %d rows): %d response tokens; compile %.1f s, "
+                           "prefill %.1f s, decode %.1f s; %.0f tok/s so far", stats["batches"],
+                           mode, width, len(batch), sum(len(r) for r in responses),
+                           result.compile_seconds, result.prefill_seconds, result.decode_seconds,
+                           stats["response_tokens"] / max(elapsed, 1e-9))
+                    bar.update(len(batch))
+                    bar.set_postfix(mode=mode, width=width,
+                                    tok_s=f"{stats['response_tokens'] / max(elapsed, 1e-9):.0f}")
+                    if on_batch is not None:
+                        on_batch(stats["batches"])
+                if stats["stopped"]:
                     break
-                batch = [recs[p] for p in chunk]
-                prompts = [ids_of[r["id"]] for r in batch]
-                responses, result = run_batch(target, target_params, prompts, width,
-                                              settings.rows(width), config,
-                                              batch_seed(settings.seed, mode,
-                                                         [r["id"] for r in batch]),
-                                              settings.queue)
-                batch_tokens = sum(len(p) + len(r) for p, r in zip(prompts, responses))
-                if len(pending) + len(batch) > shard_examples or \
-                        (pending.tokens + batch_tokens) * writer.dtype.itemsize > shard_bytes:
-                    flush()                                   # shards end at batch boundaries
-                for record, prompt, response in zip(batch, prompts, responses):
-                    pending.add(record, mode, prompt, np.asarray(response, np.int32),
-                                bool(response) and response[-1] in stop_ids)
-                    stats["response_tokens"] += len(response)
-                    stats["prompt_tokens"] += len(prompt)
-                stats["written"] += len(batch)
-                stats["batches"] += 1
-                stats["compile_seconds"] += result.compile_seconds
-                stats["prefill_seconds"] += result.prefill_seconds
-                stats["decode_seconds"] += result.decode_seconds
-                elapsed = time.perf_counter() - t_start
-                report = log.debug if progress else log.info      # the bar shows it
-                report("batch %d (%s, width %d, %d rows): %d response tokens; compile %.1f s, "
-                       "prefill %.1f s, decode %.1f s; %.0f tok/s so far", stats["batches"],
-                       mode, width, len(batch), sum(len(r) for r in responses),
-                       result.compile_seconds, result.prefill_seconds, result.decode_seconds,
-                       stats["response_tokens"] / max(elapsed, 1e-9))
-                bar.update(len(batch))
-                bar.set_postfix(mode=mode, width=width,
-                                tok_s=f"{stats['response_tokens'] / max(elapsed, 1e-9):.0f}")
-                if on_batch is not None:
-                    on_batch(stats["batches"])
-            if stats["stopped"]:
-                break
-        flush()
-        bar.close()
-        stats.update(ahead.close())
+            flush()
+            bar.close()
+            stats.update(ahead.close())
     seconds = time.perf_counter() - t_start
     device = stats["prefill_seconds"] + stats["decode_seconds"]
     stats.update({k: round(stats[k], 3) for k in ("compile_seconds", "prefill_seconds",
