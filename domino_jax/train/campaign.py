@@ -373,7 +373,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="a prompt width's rows at most N // width (default: 1,024 rows up to "
                         "128-token prompts, 256 rows of 512-token ones; 0: --gen-batch-size "
                         "for all)")
-    p.add_argument("--gen-compile-workers", type=int, default=8, metavar="N",
+    p.add_argument("--gen-compile-workers", type=int, default=4, metavar="N",
                    help="compile a generate pass's programs on N threads from its start, "
                         "while its first batches decode (0: each when first needed)")
     p.add_argument("--gen-widths", default=None, metavar="W,W,..",
