@@ -256,13 +256,16 @@ def test_two_rounds(setup):
     argv = ["--round", "0", "--corpus", str(root / "corpus"), "--work", str(root / "work2"),
             "--out", str(root / "out2"), "--target", str(root / "target"), "--phases",
             "generate", "--prompts-per-round", "4", "--max-new-tokens", "12",
-            "--gen-batch-size", "2", "--replay", str(root / "carried")]
+            "--gen-batch-size", "2", "--replay", str(root / "carried"), "--replay-new"]
     assert campaign.main(argv) == 0
     assert len(ShardDataset(str(root / "work2" / "shards"))) == 16
     with open(root / "out2" / "round.json") as f:
         record = json.load(f)
     assert record["replay"]["added"] == 16
-    assert all(g["written"] == 0 for g in record["generate"].values()), record["generate"]
+    with open(root / "work2" / "round-0-generate.json") as f:   # for the train call's point
+        assert campaign.new_examples(json.load(f), replay_new=True) == 16
+    assert all(g["written"] == 0 for name, g in record["generate"].items()
+               if name != "replay"), record["generate"]
     # --init fresh: a new drafter of the --train-args shape trains on what the machine holds;
     # its curve point counts from zero
     out3 = _round(root, 5, "fresh", out1 / "curve.json", work="work2",
@@ -296,6 +299,35 @@ def test_bad_arguments(setup, capsys):
         assert e.value.code == 2 and message in error, error
     with pytest.raises(SystemExit):
         campaign.parse_args(base[:3] + [str(root / "nothing")] + base[4:])
+
+
+def test_a_branch_continues_its_parents_totals(setup, capsys):
+    """--init-round: the point continues the totals of the round its drafter came from, not
+    the last round's (a dead branch); --replay-new counts a replayed dead branch's examples."""
+    curve = [{"round": 10, "steps_total": 6149, "examples_seen_total": 393536,
+              "distinct_examples_total": 82981, "tau": {}},
+             {"round": 11, "steps_total": 7684, "examples_seen_total": 491776,
+              "distinct_examples_total": 107557, "tau": {}}]
+    assert campaign.totals(curve)["steps"] == 7684
+    assert campaign.totals(curve, "10") == {"steps": 6149, "examples_seen": 393536,
+                                            "distinct": 82981}
+    with pytest.raises(ValueError, match="no round 9 in the curve"):
+        campaign.totals(curve, 9)
+    generated = {"rehearsal": {"written": 7329}, "greedy": {"written": 8910},
+                 "sampled": {"written": 9216}, "replay": {"added": 24576}}
+    assert campaign.new_examples(generated) == 18126
+    assert campaign.new_examples(generated, replay_new=True) == 18126 + 24576
+    root = setup
+    path = root / "curve-branch.json"
+    path.write_text(json.dumps(curve))
+    base = ["--round", "12", "--corpus", str(root / "corpus"), "--work", str(root / "w"),
+            "--out", str(root / "o"), "--phases", "generate", "--curve", str(path)]
+    assert campaign.parse_args(base + ["--init-round", "10"]).init_round == "10"
+    for extra, message in ((["--init-round", "9"], "--init-round 9: no round 9"),
+                           (["--replay-new"], "give --replay too")):
+        with pytest.raises(SystemExit):
+            campaign.parse_args(base + extra)
+        assert message in capsys.readouterr().err
 
 
 def test_campaign_curve_reads_as_curve_points(tmp_path, capsys):
@@ -364,3 +396,9 @@ def test_campaign_lineages_split_at_branches():
     lines = [[p["round"] for p in line] for line in campaign_lineages(points)]
     assert lines == [["base", 0, 1, 2, 4, 5], [4, 6, 8], [1, 9, 10]]
     assert campaign_lineages(points[:3]) == [points[:3]]
+    # a named parent wins over the step totals: round 12, trained from round 10 after the
+    # dead branch 11, starts its own line although its step total is above round 11's
+    points += [{"round": 11, "step": 7684, "parent": 10}, {"round": 12, "step": 8020,
+                                                           "parent": 10}]
+    lines = [[p["round"] for p in line] for line in campaign_lineages(points)]
+    assert lines[2:] == [[1, 9, 10, 11], [10, 12]]

@@ -155,11 +155,19 @@ def read_curve(path: str | None) -> list[dict]:
     return points
 
 
-def totals(curve: Sequence[dict]) -> dict:
-    """Steps, examples seen and distinct examples over the drafter's rounds so far (the last
-    point's running totals; a first point without ``distinct_examples_total``, such as the
-    shipped drafter's, counts its ``distinct_examples``)."""
-    last = curve[-1] if curve else {}
+def totals(curve: Sequence[dict], init_round=None) -> dict:
+    """Steps, examples seen and distinct examples over the drafter's rounds so far: the
+    running totals of round ``init_round``'s point (the drafter the new round starts from),
+    by default the last point's. A point without ``distinct_examples_total``, such as the
+    shipped drafter's first, counts its ``distinct_examples``. ValueError: no such round."""
+    if init_round is None:
+        last = curve[-1] if curve else {}
+    else:
+        last = next((p for p in reversed(curve) if str(p.get("round")) == str(init_round)),
+                    None)
+        if last is None:
+            raise ValueError(f"no round {init_round} in the curve (rounds: "
+                             f"{', '.join(str(p.get('round')) for p in curve) or 'none'})")
     return {"steps": int(last.get("steps_total", 0)),
             "examples_seen": int(last.get("examples_seen_total", 0)),
             "distinct": int(last.get("distinct_examples_total",
@@ -258,12 +266,15 @@ def examples_in(shards_dir: str) -> int:
     return sum(int(entry["examples"]) for entry in read_manifest(shards_dir)["shards"])
 
 
-def new_examples(generated: dict | None) -> int:
+def new_examples(generated: dict | None, replay_new: bool = False) -> int:
     """Responses a round's generate passes wrote that are new to the drafter: all but the
     greedy ones its history already holds (``rehearsal``: ``--top-up-greedy``'s; ``repeat``:
-    the prompts a slice wrapped onto)."""
-    return sum(int(g.get("written", 0)) for name, g in (generated or {}).items()
-               if name not in ("rehearsal", "repeat"))
+    the prompts a slice wrapped onto); with ``replay_new`` also the examples ``--replay``
+    added (``replay``: a dead branch's data, new to the drafter it starts from)."""
+    count = sum(int(g.get("written", 0)) for name, g in (generated or {}).items()
+                if name not in ("rehearsal", "repeat"))
+    return count + (int((generated or {}).get("replay", {}).get("added", 0)) if replay_new
+                    else 0)
 
 
 def _generate_record(work: str, round_index: int) -> str:
@@ -346,6 +357,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "drafter shaped by --train-args (--draft-layers, --gru-hidden-dim, "
                         "...), its curve point counting from zero (use a new --curve)")
     p.add_argument("--curve", default=None, help="the campaign curve so far (JSON list)")
+    p.add_argument("--init-round", default=None, metavar="ROUND",
+                   help="the curve's round whose drafter --init is (default: the last): the "
+                        "new point continues its running totals and names it as its parent "
+                        "(a branch from an earlier drafter, docs/design.md §27)")
+    p.add_argument("--replay-new", action="store_true",
+                   help="count --replay's examples as new to the drafter (a dead branch's "
+                        "data, not in --init's history); set on the --replay call")
     p.add_argument("--target", default=None, help="HF target folder (default: demo SmolLM2)")
     p.add_argument("--prompts-per-round", type=int, default=16384)
     p.add_argument("--prompt-seed", type=int, default=0)
@@ -432,6 +450,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if not os.path.isfile(os.path.join(folder, "manifest.json")):
             p.error(f"--replay {folder!r}: not a shards directory (no manifest.json; join "
                     "exported parts first: python -m domino_jax.train.parts join DIR DEST)")
+    if args.init_round is not None:
+        try:
+            totals(read_curve(args.curve), args.init_round)
+        except ValueError as e:
+            p.error(f"--init-round {args.init_round}: {e}")
+    if args.replay_new and not args.replay:
+        p.error("--replay-new counts --replay's examples: give --replay too")
     if not 0 <= args.first_round <= args.round:
         p.error(f"--first-round {args.first_round}: must be in [0, --round {args.round}]")
     if not 0.0 <= args.sampled_share < 1.0:
@@ -455,6 +480,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "generate" in args.phases:
         t0 = time.perf_counter()
         record["generate"] = generate_phase(args, args.work)
+        if args.replay_new:             # kept with the round's generate record, for its point
+            record["generate"]["replay"] = record["replay"]
+            with open(_generate_record(args.work, args.round), "w") as f:
+                json.dump(record["generate"], f, indent=1, default=str)
         record["generate_seconds"] = time.perf_counter() - t0
     if "train" in args.phases:
         record["train"] = train_phase(args, args.work, args.out,
@@ -464,16 +493,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if generated is None and os.path.isfile(_generate_record(args.work, args.round)):
             with open(_generate_record(args.work, args.round)) as f:   # an earlier call's
                 generated = json.load(f)
+        if args.replay_new and "replay" in record:        # replayed by this call
+            generated = dict(generated or {}, replay=record["replay"])
         if args.init == FRESH:     # its history is this round: its whole training set is new
             done = {"steps": 0, "examples_seen": 0, "distinct": 0}
             new, init = record["train"]["distinct_examples"], FRESH
         else:
-            done, new, init = totals(curve), new_examples(generated), os.path.abspath(args.init)
+            done, init = totals(curve, args.init_round), os.path.abspath(args.init)
+            new = new_examples(generated, replay_new="replay" in (generated or {}))
         point = {"round": args.round, "init": init,
                  "steps_round": steps, "steps_total": done["steps"] + steps,
                  "examples_seen_total": done["examples_seen"] + steps * args.batch_size,
                  "distinct_examples": record["train"]["distinct_examples"],
                  "distinct_examples_total": done["distinct"] + new,
+                 **({"parent": args.init_round} if args.init_round is not None else {}),
                  "tau_before": record["train"]["tau_before"],
                  "tau": record["train"]["tau_after"], "loss": record["train"]["loss"],
                  "seconds": {"generate": record.get("generate_seconds"),

@@ -70,22 +70,31 @@ def campaign_points(path: str) -> list[dict]:
     return [{"round": r.get("round"), "step": r.get("steps_total"),
              "examples_seen": r.get("examples_seen_total"),
              "distinct_examples": r.get("distinct_examples_total", r.get("distinct_examples")),
-             "loss": r.get("loss"), "tau": r["tau"]} for r in rounds]
+             "loss": r.get("loss"), "tau": r["tau"], "parent": r.get("parent")}
+            for r in rounds]
 
 
 def campaign_lineages(points: Sequence[dict]) -> list[list[dict]]:
-    """A campaign curve's points split into lineages, for drawing: a point whose ``step``
-    total is not above the last point's starts from an earlier drafter (a branch), so it
-    begins a new line, led by its parent: the earlier point with the largest step total
-    below its own (the drafter it was trained from)."""
+    """A campaign curve's points split into lineages, for drawing. A point's parent (the
+    drafter it was trained from) is its ``parent`` round where it names one; otherwise a
+    point whose ``step`` total is above the last point's continues that line, and one whose
+    total is not is a branch led by the earlier point with the largest step total below its
+    own. A point continues the last line when its parent ends that line; otherwise it begins
+    a new line, led by its parent."""
     lineages: list[list[dict]] = []
     for i, point in enumerate(points):
-        if lineages and (point.get("step") or 0) > (lineages[-1][-1].get("step") or 0):
+        if point.get("parent") is not None:
+            parent = next((p for p in reversed(points[:i])
+                           if str(p.get("round")) == str(point["parent"])), None)
+        elif lineages and (point.get("step") or 0) > (lineages[-1][-1].get("step") or 0):
+            parent = lineages[-1][-1]
+        else:
+            parents = [p for p in points[:i] if (p.get("step") or 0) < (point.get("step") or 0)]
+            parent = max(parents, key=lambda p: p.get("step") or 0, default=None)
+        if lineages and parent is not None and lineages[-1][-1] is parent:
             lineages[-1].append(point)
-            continue
-        parents = [p for p in points[:i] if (p.get("step") or 0) < (point.get("step") or 0)]
-        parent = max(parents, key=lambda p: p.get("step") or 0, default=None)
-        lineages.append(([parent] if parent is not None else []) + [point])
+        else:
+            lineages.append(([parent] if parent is not None else []) + [point])
     return lineages
 
 
