@@ -22,6 +22,9 @@ after each shape, so a run cut short keeps what finished).
     python benchmarks/bench_train.py --out $OUT --git-commit <HASH>     # H200, ~3-5 min
     python benchmarks/bench_train.py --tiny --out /tmp/bench            # CPU, reduced size
     python benchmarks/bench_train.py --predict-only                     # the prediction only
+
+``--trace-steps N`` also traces N warm steps and lists the kernels that take the step's
+time (what the roofline parts cannot say: which part runs far from its bound).
 """
 
 from __future__ import annotations
@@ -73,6 +76,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"))
     p.add_argument("--git-commit", default=None, help="commit to record (.git may not travel)")
     p.add_argument("--mem-fraction", default="0.92", help="XLA_PYTHON_CLIENT_MEM_FRACTION")
+    p.add_argument("--trace-steps", type=int, default=0,
+                   help="also trace this many warm steps (jax.profiler, into OUT/trace-SHAPE-"
+                        "CHUNK) and report the kernels that take the step's time")
+    p.add_argument("--trace-top", type=int, default=25, help="kernels listed per trace")
     p.add_argument("--predict-only", action="store_true",
                    help="print the prediction for --peak-flops/--bandwidth (default H200); "
                         "no device work, nothing written")
@@ -212,6 +219,20 @@ def measure_shape(args, name: str, peak: float, bandwidth: float, chunk_rows: in
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
     step_s = statistics.median(times)
+    if args.trace_steps > 0:
+        from bench_util import load_perfetto, summarise_trace, trace_calls
+
+        folder = os.path.join(args.out, f"trace-{name}-{chunk_rows}")
+        box = {"state": state}
+
+        def one_step():
+            box["state"], out = compiled(box["state"], batch, tparams, horizon_array(cfg.steps))
+            return box["state"], out
+
+        trace_calls(one_step, folder, args.trace_steps)
+        state = box["state"]
+        entry["trace"] = dict(summarise_trace(load_perfetto(folder), args.trace_steps,
+                                              top=args.trace_top), folder=folder)
     flops = model_flops(cfg, draft, target_cfg, seq_len)
     rows = cfg.batch_size * min(cfg.num_anchors, seq_len - 1) * draft.block_size
     entry.update(step_ms=1e3 * step_s, step_ms_min=1e3 * min(times), step_ms_max=1e3 * max(times),
@@ -300,6 +321,21 @@ def write_report(results: dict, stem: str) -> None:
         for p in e["predicted"]["parts"]:
             lines.append(f"| {p['name']} | {p['flops'] / 1e9:.4g} | {p['bytes'] / 1e9:.4g} | "
                          f"{1e3 * p['compute_s']:.3f} | {1e3 * p['memory_s']:.3f} | {p['bound']} |")
+    for e in results["shapes"]:
+        trace = e.get("trace")
+        if not trace or not trace.get("top"):
+            continue
+        lines += ["", f"## {e['shape']} (loss chunk {e.get('loss_chunk_rows', 0)} rows): "
+                  f"kernels per step ({trace['source']} events, `{trace['folder']}`)", "",
+                  f"{trace['kernels_per_call']:.0f} kernels a step, busy "
+                  f"{trace['busy_us_per_call'] / 1e3:.1f} ms of a "
+                  f"{trace['window_us_per_call'] / 1e3:.1f} ms window.", "",
+                  "| kernel | launches a step | ms a step | share of busy | mean us |",
+                  "|---|---|---|---|---|"]
+        for k in trace["top"]:
+            lines.append(f"| `{k['name']}` | {k['count']:.0f} | {k['us'] / 1e3:.2f} | "
+                         f"{100 * k['us'] / trace['busy_us_per_call']:.1f}% | "
+                         f"{k['mean_us']:.1f} |")
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
 

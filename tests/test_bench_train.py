@@ -66,7 +66,7 @@ def test_bench_train_tiny_prints_mfu_beside_the_prediction(tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "bench_train.py"), "--tiny",
            "--shapes", "smollm2", "--seq-len", "32", "--steps", "2", "--warmup", "1",
-           "--out", str(tmp_path)]
+           "--trace-steps", "1", "--out", str(tmp_path)]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     line = re.search(r"^smollm2 \(loss chunk 4096 rows\): step [\d.]+ ms, [\d,]+ tokens/s .*"
@@ -81,6 +81,11 @@ def test_bench_train_tiny_prints_mfu_beside_the_prediction(tmp_path):
     assert result["commit"] and result["versions"]["jax"] and result["device"] == "cpu"
     (entry,) = result["shapes"]
     assert entry["tokens_per_second"] > 0 and 0 < entry["mfu"] and entry["predicted_mfu"] > 0
+    # the traced step's kernels (host events on the CPU), listed in the report
+    trace = entry["trace"]
+    assert trace["calls"] == 1 and trace["top"] and trace["busy_us_per_call"] > 0, trace
+    with open(files[0][:-5] + ".md") as f:
+        assert "kernels per step" in f.read()
     assert 0.6 < entry["xla_flops_per_step"] / entry["model_flops_per_step"] < 1.4
     with open(files[0][:-5] + ".md") as f:
         assert "predicted MFU" in f.read()
