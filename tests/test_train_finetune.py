@@ -70,6 +70,27 @@ def test_learns_from_the_folder(exported, target_params, tmp_path):
     assert losses[-1] < losses[0], losses
 
 
+def test_grows_the_folder(exported, target_params, tmp_path):
+    """``grow_layers`` / ``grow_gru_hidden_dim``: the run starts from the folder's drafter
+    grown (train/grow.py), so its first step, at learning rate 0, returns the grown params."""
+    from domino_jax.train.grow import grow_draft
+    from domino_jax.train.loop import load_trained_draft
+
+    cfg = dataclasses.replace(FINETUNE, init_draft=exported, grow_layers=2,
+                              grow_gru_hidden_dim=24)
+    result = run(cfg, target_params, tmp_path, stop_after=1)
+    assert result.draft_config.num_layers == 2 and result.draft_config.gru_hidden_dim == 24
+    config, loaded = load_trained_draft(exported, jnp.float32)
+    _, grown = grow_draft(config, loaded, jax.random.PRNGKey(cfg.seed), 2, 24)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, result.params, grown)
+    with pytest.raises(ValueError, match="grow_layers: growing needs a trained drafter"):
+        TrainConfig(grow_layers=3)
+    proc = subprocess.run([sys.executable, "-m", "domino_jax.train", "--data", "x.jsonl",
+                           "--out", str(tmp_path / "o"), "--grow-layers", "3"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--grow-layers grows a trained drafter" in proc.stderr
+
+
 def test_mismatches_are_named(exported, target_params, tmp_path):
     cfg = TrainConfig(drafter="dflash", steps=1, batch_size=4, max_length=48, num_anchors=8,
                       compute_dtype="float32", init_draft=exported)

@@ -105,6 +105,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="fine-tune: start from this drafter (HF DFlashDraftModel folder, e.g. "
                         "a released or shipped drafter); its geometry and mask replace "
                         "--draft-layers/--block-size/--gru-hidden-dim/--emb-dim/--mask-token-id")
+    p.add_argument("--grow-layers", type=int, default=None, metavar="N",
+                   help="with --init-draft: grow it to N draft layers first (new layers add "
+                        "nothing at the start; docs/design.md §28)")
+    p.add_argument("--grow-gru-hidden-dim", type=int, default=None, metavar="G",
+                   help="with --init-draft: widen its GRU to G units first")
+    p.add_argument("--grow-emb-dim", type=int, default=None, metavar="E",
+                   help="with --init-draft: widen its correction to E features first")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--max-seconds", type=float, default=None,
                    help="a deadline: end the run (evaluate, checkpoint, export) after the "
@@ -184,10 +191,18 @@ def with_recipe_options(cfg: TrainConfig, args: argparse.Namespace) -> TrainConf
         if not os.path.isfile(os.path.join(args.init_draft, "config.json")):
             fail(f"--init-draft {args.init_draft!r}: no config.json there (expected a drafter "
                  "folder in the HF DFlashDraftModel format)")
+    grow = {"--grow-layers": args.grow_layers, "--grow-gru-hidden-dim": args.grow_gru_hidden_dim,
+            "--grow-emb-dim": args.grow_emb_dim}
+    if args.init_draft is None and any(v is not None for v in grow.values()):
+        fail(f"{', '.join(k for k, v in grow.items() if v is not None)} grows a trained "
+             "drafter: give it with --init-draft DIR")
     return dataclasses.replace(cfg, labels=args.labels, soft_weight=weight,
                                position_weights=args.position_weights,
                                init_from_target=args.init_draft_from_target,
-                               learned_mask=args.learned_mask, init_draft=args.init_draft)
+                               learned_mask=args.learned_mask, init_draft=args.init_draft,
+                               grow_layers=args.grow_layers,
+                               grow_gru_hidden_dim=args.grow_gru_hidden_dim,
+                               grow_emb_dim=args.grow_emb_dim)
 
 
 def start_distributed(args: argparse.Namespace) -> bool:

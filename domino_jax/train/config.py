@@ -66,6 +66,9 @@ class TrainConfig:
     init_from_target: str = "none"       # "none" (random) | "last" | "spread"
     learned_mask: bool = False           # learn a mask_embedding (not interoperable, §9.15)
     init_draft: str | None = None        # fine-tune: start from this drafter folder (HF format)
+    grow_layers: int | None = None       # grow init_draft to this many layers (train/grow.py)
+    grow_gru_hidden_dim: int | None = None   # ... to this GRU width
+    grow_emb_dim: int | None = None      # ... to this many correction features
 
     def __post_init__(self):
         if self.drafter not in DRAFTERS:
@@ -82,6 +85,11 @@ class TrainConfig:
             raise ValueError(f"init_draft={self.init_draft!r} takes the drafter's geometry, "
                              "weights and mask from that folder: it excludes init_from_target "
                              "and learned_mask")
+        grow = {"grow_layers": self.grow_layers, "grow_gru_hidden_dim": self.grow_gru_hidden_dim,
+                "grow_emb_dim": self.grow_emb_dim}
+        if self.init_draft is None and any(v is not None for v in grow.values()):
+            raise ValueError(f"{', '.join(k for k, v in grow.items() if v is not None)}: "
+                             "growing needs a trained drafter to grow (init_draft)")
         if not 0.0 <= self.soft_weight <= 1.0:
             raise ValueError(f"soft_weight={self.soft_weight} must be in [0, 1]")
         if self.batch_size % self.micro_batches:

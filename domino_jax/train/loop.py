@@ -253,6 +253,15 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
         mask_token_id = resolve_mask_token_id(target.config, target_dir)
     if cfg.init_draft is not None:      # fine-tune: geometry, weights and mask from there
         config, init_params = load_init_draft(cfg.init_draft, target.config, cfg.drafter)
+        if (cfg.grow_layers, cfg.grow_gru_hidden_dim, cfg.grow_emb_dim) != (None,) * 3:
+            from domino_jax.train.grow import grow_draft
+
+            config, init_params = grow_draft(config, init_params, jax.random.PRNGKey(cfg.seed),
+                                             cfg.grow_layers, cfg.grow_gru_hidden_dim,
+                                             cfg.grow_emb_dim)
+            log.info("grew %s to %d layers, GRU %d, %d correction features (docs/design.md "
+                     "§28)", cfg.init_draft, config.num_layers, config.gru_hidden_dim,
+                     config.emb_dim)
         block_size = config.block_size
     else:
         config = make_draft_config(target.config, cfg.drafter, draft_layers, block_size,
@@ -347,7 +356,9 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
     t0 = time.perf_counter()
     # the step does not read the cadence settings: runs differing only there share a program
     # nor the step count: the schedules' horizon is an argument (docs/design.md §26)
-    step_cfg = dataclasses.replace(cfg, steps=TrainConfig.steps,
+    # nor how the drafter was grown: its geometry (config) is in the key
+    step_cfg = dataclasses.replace(cfg, steps=TrainConfig.steps, grow_layers=None,
+                                   grow_gru_hidden_dim=None, grow_emb_dim=None,
                                    **{k: getattr(TrainConfig, k) for k in RESUMABLE_CHANGES})
     cache_key = (step_cfg, config, target, tuple(d.id for d in mesh.devices.flat),
                  str(jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), target_params)))
