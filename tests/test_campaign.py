@@ -219,7 +219,8 @@ def test_two_rounds(setup):
     _round(root, 1, init1, out0 / "curve.json",
            extra=["--phases", "generate", "--gen-widths", "128"])
     out1 = _round(root, 1, init1, out0 / "curve.json",
-                  extra=["--phases", "train", "--deadline-seconds", "1", "--export-shards"])
+                  extra=["--phases", "train", "--deadline-seconds", "1", "--export-shards",
+                         "--eval-ahead"])
     with open(out1 / "curve.json") as f:
         curve = json.load(f)
     assert [p["round"] for p in curve] == [0, 1]
@@ -230,7 +231,8 @@ def test_two_rounds(setup):
     for p in curve:
         assert set(p["tau"]) == {"dflash", "domino", "domino:T1"}
         assert all(1.0 <= t <= 4.0 for t in p["tau"]["domino"].values())
-    assert curve[0]["tau_before"] is not None and curve[1]["tau_before"] is None
+    # round 0 evaluated its init before training, round 1 on a thread beside it
+    assert curve[0]["tau_before"] is not None and curve[1]["tau_before"] is not None
     # the parts restore the round's bf16 drafter byte for byte
     restored = root / "restored"
     join_parts(str(out1 / "draft"), str(restored))

@@ -4,6 +4,7 @@ checkpoints kept (tiny random target, CPU, float32)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -190,6 +191,21 @@ def runs(target_params, tmp_path_factory):
 def _strip(curve):
     return [{k: v for k, v in p.items() if k not in ("wall_seconds", "eval_seconds")}
             for p in curve]
+
+
+def test_start_evaluation_on_a_thread(runs, target_params, tmp_path):
+    """``start_in_background``: the step-0 evaluation runs beside training, and the curve is
+    the one evaluated in line: the same tau at step 0 and at the end (greedy decode, the same
+    params), the step-0 point first, no loss yet; training is the same."""
+    ev = dataclasses.replace(runs["ev"], every=0, start_in_background=True)
+    result = run(tmp_path / "ahead", target_params, CFG, eval_config=ev)
+    full = runs["full"]
+    assert [p["step"] for p in result.curve] == [0, 6]
+    assert result.curve[0]["tau"] == full.curve[0]["tau"]
+    assert result.curve[0]["loss"] is None and result.curve[0]["eval_seconds"] > 0
+    assert result.curve[-1]["tau"] == full.curve[-1]["tau"]
+    assert_trees_equal(full.state, result.state)
+    assert [p["step"] for p in read_curve(str(tmp_path / "ahead"))] == [0, 6]
 
 
 def test_exact_resume_through_split_and_join(runs):

@@ -131,6 +131,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="steps between evaluations (0: at the start and the end only)")
     p.add_argument("--no-eval-at-start", dest="eval_at_start", action="store_false",
                    help="skip the step-0 evaluation (the starting drafter's tau is known)")
+    p.add_argument("--eval-start-in-background", action="store_true",
+                   help="run the step-0 evaluation on a thread while training starts: "
+                        "training does not wait for it, and the last evaluation finds its "
+                        "programs compiled (docs/design.md §29)")
     p.add_argument("--eval-max-new-tokens", type=int, default=32)
     p.add_argument("--eval-num-prompts", type=int, default=8, help="prompts per kind")
     p.add_argument("--eval-methods", default=None,
@@ -170,7 +174,8 @@ def eval_config_from_args(args: argparse.Namespace):
     return EvalConfig(prompts=args.eval_prompts, every=args.eval_every,
                       max_new_tokens=args.eval_max_new_tokens,
                       num_prompts=args.eval_num_prompts, methods=methods,
-                      batch_size=args.eval_batch_size, at_start=args.eval_at_start)
+                      batch_size=args.eval_batch_size, at_start=args.eval_at_start,
+                      start_in_background=args.eval_start_in_background)
 
 
 def with_recipe_options(cfg: TrainConfig, args: argparse.Namespace) -> TrainConfig:

@@ -26,7 +26,8 @@ A round (``--phases``, both by default; a lent GPU may run them in separate call
   drafter folder: params only, a fresh optimizer and schedule: a warm restart; or ``fresh``:
   a new drafter of the shape ``--train-args`` gives, to try another size on the data a
   machine holds), held-out tau
-  of ``--eval-methods`` at the end (and at the start with ``--initial-eval``); with
+  of ``--eval-methods`` at the end (and at the start with ``--initial-eval``, or on a thread
+  beside training with ``--eval-ahead``); with
   ``--deadline-seconds`` (a lent machine's limit for the whole command) training stops in
   time for the evaluation and the export, its schedules fitted to the steps that fit
   (docs/design.md §26); the result cast to bf16 (the shipped
@@ -319,7 +320,9 @@ def train_phase(args, work: str, out: str, max_seconds: float | None = None) -> 
             "--eval-methods", ",".join(args.eval_methods)] + args.train_args
     if args.init != FRESH:
         argv += ["--init-draft", args.init]
-    if not args.initial_eval:
+    if args.eval_ahead and not args.initial_eval:
+        argv += ["--eval-start-in-background"]
+    elif not args.initial_eval:
         argv += ["--no-eval-at-start"]
     if max_seconds is not None:
         argv += ["--max-seconds", f"{max_seconds:.1f}"]     # the last one counts
@@ -413,6 +416,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--initial-eval", action="store_true",
                    help="also evaluate --init before training (the curve's last point holds "
                         "its tau when it is the last round's drafter)")
+    p.add_argument("--eval-ahead", action="store_true",
+                   help="evaluate --init on a thread while training starts (its tau is the "
+                        "point's tau_before): the final evaluation finds its programs "
+                        "compiled, so --finish-seconds can be ~100 s shorter on a fresh "
+                        "machine (docs/design.md §29)")
     p.add_argument("--deadline-seconds", type=float, default=None,
                    help="the whole command's time limit (a lent machine's): training stops "
                         "in time for --finish-seconds, its schedules fitted to it")

@@ -59,7 +59,10 @@ class EvalConfig:
     ``num_prompts``: prompts per kind (the first ones of each kind in file order);
     ``methods``: ``None`` = what the drafter supports (``dflash`` [+ ``domino``]);
     ``batch_size``: rows per decode batch (``None``: all prompts in one batch, at most 64);
-    prompts longer than ``max_prompt_tokens`` tokens are skipped.
+    prompts longer than ``max_prompt_tokens`` tokens are skipped; ``at_start``: evaluate the
+    starting drafter too (step 0), ``start_in_background``: on a thread beside the first
+    training steps (training does not wait for it, and the evaluation's decode programs are
+    compiled by the time the next evaluation comes; docs/design.md §29).
     """
 
     prompts: str | None = None
@@ -70,6 +73,7 @@ class EvalConfig:
     batch_size: int | None = None
     max_prompt_tokens: int = 512
     at_start: bool = True
+    start_in_background: bool = False
 
     def __post_init__(self):
         if self.every < 0 or self.max_new_tokens < 1 or self.num_prompts < 1:

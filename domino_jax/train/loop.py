@@ -27,6 +27,7 @@ import dataclasses
 import json
 import logging
 import os
+import threading
 import time
 from typing import Any
 
@@ -380,9 +381,48 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
     compile_seconds = time.perf_counter() - t0
     window = _Window(meta.get("window"))
 
+    ahead: dict = {}        # the step-0 evaluation on a thread (start_in_background)
+
+    def start_eval_ahead() -> None:
+        params0 = jax.tree_util.tree_map(jnp.copy, state.params)   # the step donates state
+        t_eval = time.perf_counter()
+
+        def run() -> None:
+            try:
+                ahead["taus"] = evaluator(params0)
+            except Exception as e:  # noqa: BLE001  (the run goes on; the next eval compiles)
+                ahead["error"] = e
+            ahead["seconds"] = time.perf_counter() - t_eval
+
+        ahead.update(thread=threading.Thread(target=run, name="eval-at-start", daemon=True),
+                     index=len(curve), lr=float(learning_rate(cfg, 0, horizon)))
+        ahead["thread"].start()
+        log.info("step 0: evaluating the starting drafter on a thread beside training")
+
+    def finish_eval_ahead() -> None:
+        """Wait for the step-0 evaluation and put its point where it belongs in the curve
+        (no loss yet; not a best-checkpoint candidate: its params are gone)."""
+        nonlocal last_tau
+        thread = ahead.pop("thread", None)
+        if thread is None:
+            return
+        thread.join()
+        if "error" in ahead:
+            log.warning("step 0: the evaluation on a thread failed (%r); training went on",
+                        ahead["error"])
+            return
+        point = dict(run_meta(0), wall_seconds=wall_base, loss=None, acc=None, lr=ahead["lr"],
+                     tau=ahead["taus"], eval_seconds=ahead["seconds"])
+        curve.insert(ahead["index"], point)
+        write_curve(out_dir, curve)
+        last_tau = best_metric(ahead["taus"], config) if last_tau is None else last_tau
+        log.info("step 0: held-out tau %s (on a thread, %.0f s)",
+                 {m: round(t["all"], 3) for m, t in ahead["taus"].items()}, ahead["seconds"])
+
     def curve_point(step: int) -> dict:
         """Evaluate the current params on the held-out prompts; append, write, plot."""
         nonlocal best_tau, last_tau
+        finish_eval_ahead()                 # one evaluation at a time, in step order
         t_eval = time.perf_counter()
         taus = evaluator(state.params)
         loss, acc = window.take()
@@ -404,7 +444,10 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
     last_tau = next((best_metric(p["tau"], config) for p in reversed(curve) if p.get("tau")),
                     None)
     if evaluator is not None and eval_config.at_start and start == 0:
-        curve_point(0)
+        if eval_config.start_in_background:
+            start_eval_ahead()
+        else:
+            curve_point(0)
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not (progress and is_primary()),
                desc=f"train {cfg.drafter}")
     window_t, window_tokens, window_steps = time.perf_counter(), 0.0, 0
@@ -474,6 +517,7 @@ def train(cfg: TrainConfig, target_dir: str | None, data_path: str | None, out_d
             save_checkpoint(manager, state, dict(run_meta(step), window=window.sums()))
         if (stop_after is not None and step >= stop_after) or last:
             break
+    finish_eval_ahead()                     # a run stopped before its last evaluation
     if metrics_file is not None:
         metrics_file.close()
     host_state = to_host(state)
