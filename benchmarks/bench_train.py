@@ -68,6 +68,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="comma list: block slots per vocabulary chunk of the loss, each "
                         "timed (0 = the whole [rows, V] logits at once)")
     p.add_argument("--micro-batches", type=int, default=1, help="gradient accumulation")
+    p.add_argument("--final-logits", default="joint",
+                   help="comma list, each timed: joint (one matmul, docs/design.md §30), sum "
+                        "(base logits plus the correction, as before)")
     p.add_argument("--steps", type=int, default=5, help="timed steps per shape")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--dtype", default=None, help="compute dtype (default bfloat16; tiny float32)")
@@ -108,7 +111,7 @@ def shape_specs(tiny: bool) -> dict:
                                         emb_dim=256, mask_token_id=151669), 2)}
 
 
-def settings(args, name: str, chunk_rows: int = 4096):
+def settings(args, name: str, chunk_rows: int = 4096, final_logits: str | None = None):
     """``(target_config, draft_config, TrainConfig, seq_len)`` of one shape."""
     from domino_jax.train.config import TrainConfig, make_draft_config
 
@@ -122,7 +125,7 @@ def settings(args, name: str, chunk_rows: int = 4096):
                       max_length=seq_len, num_anchors=args.num_anchors or (8 if args.tiny else 256),
                       compute_dtype=args.dtype or ("float32" if args.tiny else "bfloat16"),
                       labels=args.labels, loss_chunk_rows=chunk_rows,
-                      micro_batches=args.micro_batches)
+                      micro_batches=args.micro_batches, final_logits=final_logits)
     return target, draft, cfg, seq_len
 
 
@@ -168,7 +171,8 @@ def measure_peaks(dtype: str) -> tuple[float, float]:
 
 # --------------------------------------------------------------------------- one shape
 
-def measure_shape(args, name: str, peak: float, bandwidth: float, chunk_rows: int) -> dict:
+def measure_shape(args, name: str, peak: float, bandwidth: float, chunk_rows: int,
+                  final_logits: str | None = None) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -181,10 +185,11 @@ def measure_shape(args, name: str, peak: float, bandwidth: float, chunk_rows: in
     from domino_jax.train.step import (compile_step, horizon_array, init_state, make_train_mesh,
                                        make_train_step, model_flops, place, shard_batch)
 
-    target_cfg, draft, cfg, seq_len = settings(args, name, chunk_rows)
+    target_cfg, draft, cfg, seq_len = settings(args, name, chunk_rows, final_logits)
     compute = jnp.dtype(cfg.compute_dtype)
     entry = {"shape": name, "seq_len": seq_len, "batch_size": cfg.batch_size,
              "loss_chunk_rows": cfg.loss_chunk_rows, "micro_batches": cfg.micro_batches,
+             "final_logits": cfg.final_logits or "joint",
              "num_anchors": cfg.num_anchors, "compute_dtype": cfg.compute_dtype,
              "labels": cfg.labels, "target": _geometry(target_cfg),
              "drafter": {"num_layers": draft.num_layers, "block_size": draft.block_size,
@@ -222,7 +227,7 @@ def measure_shape(args, name: str, peak: float, bandwidth: float, chunk_rows: in
     if args.trace_steps > 0:
         from bench_util import load_perfetto, summarise_trace, trace_calls
 
-        folder = os.path.join(args.out, f"trace-{name}-{chunk_rows}")
+        folder = os.path.join(args.out, f"trace-{name}-{chunk_rows}-{cfg.final_logits or 'joint'}")
         box = {"state": state}
 
         def one_step():
@@ -256,7 +261,8 @@ def _geometry(t) -> dict:
 
 def summary_line(e: dict) -> str:
     """The line the test reads: measured MFU beside the predicted one."""
-    return (f"{e['shape']} (loss chunk {e.get('loss_chunk_rows', 0)} rows): "
+    return (f"{e['shape']} (loss chunk {e.get('loss_chunk_rows', 0)} rows, final logits "
+            f"{e.get('final_logits', 'joint')}): "
             f"step {e['step_ms']:.1f} ms, {e['tokens_per_second']:,.0f} tokens/s "
             f"({e['draft_rows_per_second']:,.0f} draft rows/s), MFU {100 * e['mfu']:.1f}% "
             f"(predicted {100 * e['predicted_mfu']:.1f}%: roofline step "
@@ -297,17 +303,19 @@ def write_report(results: dict, stem: str) -> None:
              "`domino_jax/train/cost.py`) / median step time / peak. Predicted = the roofline "
              "sum over parts of max(FLOPs / peak, bytes / bandwidth): a lower bound on the step "
              "time, an upper bound on MFU.", "",
-             "| shape | batch x seq | anchors | labels | loss chunk rows | step ms | tokens/s | draft rows/s | MFU "
-             "| predicted MFU | predicted step ms | measured / predicted | compile s | peak GB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| shape | batch x seq | anchors | labels | loss chunk rows | final logits | step ms | "
+             "tokens/s | draft rows/s | MFU | predicted MFU | predicted step ms | measured / "
+             "predicted | compile s | peak GB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for e in results["shapes"]:
         if "error" in e:
-            lines.append(f"| {e['shape']} | error: {e['error']} |" + " |" * 12)
+            lines.append(f"| {e['shape']} | error: {e['error']} |" + " |" * 13)
             continue
         peak = e.get("peak_bytes")
         lines.append(
             f"| {e['shape']} | {e['batch_size']} x {e['seq_len']} | {e['num_anchors']} | "
-            f"{e['labels']} | {e.get('loss_chunk_rows', 0)} | {e['step_ms']:.1f} | "
+            f"{e['labels']} | {e.get('loss_chunk_rows', 0)} | {e.get('final_logits', 'joint')} | "
+            f"{e['step_ms']:.1f} | "
             f"{e['tokens_per_second']:,.0f} | "
             f"{e['draft_rows_per_second']:,.0f} | {100 * e['mfu']:.1f}% | "
             f"{100 * e['predicted_mfu']:.1f}% | {e['predicted_step_ms']:.1f} | "
@@ -325,7 +333,8 @@ def write_report(results: dict, stem: str) -> None:
         trace = e.get("trace")
         if not trace or not trace.get("top"):
             continue
-        lines += ["", f"## {e['shape']} (loss chunk {e.get('loss_chunk_rows', 0)} rows): "
+        lines += ["", f"## {e['shape']} (loss chunk {e.get('loss_chunk_rows', 0)} rows, final "
+                  f"logits {e.get('final_logits', 'joint')}): "
                   f"kernels per step ({trace['source']} events, `{trace['folder']}`)", "",
                   f"{trace['kernels_per_call']:.0f} kernels a step, busy "
                   f"{trace['busy_us_per_call'] / 1e3:.1f} ms of a "
@@ -377,15 +386,17 @@ def main(argv=None) -> None:
     log(f"device {kind}; peaks {peak / 1e12:.2f} TFLOP/s, {bandwidth / 1e9:.1f} GB/s "
         f"({peaks_from})")
     chunks = [int(c) for c in str(args.loss_chunk_rows).split(",") if c != ""]
+    finals = [None if f == "joint" else f for f in args.final_logits.split(",") if f]
     for name in names:
-        for chunk_rows in chunks:
+        for chunk_rows, final in [(c, f) for c in chunks for f in finals]:
             try:
-                entry = measure_shape(args, name, peak, bandwidth, chunk_rows)
+                entry = measure_shape(args, name, peak, bandwidth, chunk_rows, final)
                 print(summary_line(entry), flush=True)
                 print("\n".join(prediction_lines(name, entry["predicted"])), flush=True)
             except Exception as e:  # noqa: BLE001  (record it, go on with the next shape)
                 log(f"ERROR in {name}: {e!r}\n{traceback.format_exc()}")
-                entry = {"shape": name, "loss_chunk_rows": chunk_rows, "error": repr(e)[:500],
+                entry = {"shape": name, "loss_chunk_rows": chunk_rows,
+                         "final_logits": final or "joint", "error": repr(e)[:500],
                          "traceback": traceback.format_exc()[-4000:]}
             results["shapes"].append(entry)
             write_report(results, stem)

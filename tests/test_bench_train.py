@@ -69,7 +69,7 @@ def test_bench_train_tiny_prints_mfu_beside_the_prediction(tmp_path):
            "--trace-steps", "1", "--out", str(tmp_path)]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    line = re.search(r"^smollm2 \(loss chunk 4096 rows\): step [\d.]+ ms, [\d,]+ tokens/s .*"
+    line = re.search(r"^smollm2 \(loss chunk 4096 rows, final logits joint\): step [\d.]+ ms, [\d,]+ tokens/s .*"
                      r"MFU ([\d.]+)% "
                      r"\(predicted ([\d.]+)%: roofline step ([\d.]+) ms", proc.stdout, re.M)
     assert line, proc.stdout

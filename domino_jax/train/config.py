@@ -66,6 +66,7 @@ class TrainConfig:
     init_from_target: str = "none"       # "none" (random) | "last" | "spread"
     learned_mask: bool = False           # learn a mask_embedding (not interoperable, §9.15)
     init_draft: str | None = None        # fine-tune: start from this drafter folder (HF format)
+    final_logits: str | None = None      # None: one joint matmul; "sum": base + correction
     grow_layers: int | None = None       # grow init_draft to this many layers (train/grow.py)
     grow_gru_hidden_dim: int | None = None   # ... to this GRU width
     grow_emb_dim: int | None = None      # ... to this many correction features
@@ -90,6 +91,9 @@ class TrainConfig:
         if self.init_draft is None and any(v is not None for v in grow.values()):
             raise ValueError(f"{', '.join(k for k, v in grow.items() if v is not None)}: "
                              "growing needs a trained drafter to grow (init_draft)")
+        if self.final_logits not in (None, "sum"):
+            raise ValueError(f"final_logits={self.final_logits!r}: None (one joint matmul, "
+                             "docs/design.md §30) or 'sum' (base logits plus the correction)")
         if not 0.0 <= self.soft_weight <= 1.0:
             raise ValueError(f"soft_weight={self.soft_weight} must be in [0, 1]")
         if self.batch_size % self.micro_batches:

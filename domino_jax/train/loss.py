@@ -264,8 +264,8 @@ def block_outputs(params: Any, target_params: Any, input_ids: jax.Array, loss_ma
 def draft_loss(draft_params: Any, target_params: Any, batch: dict, key: jax.Array,
                lam: jax.Array, *, target: TargetLM, config: DraftConfig, num_anchors: int,
                gamma: float, compute_dtype=jnp.bfloat16, soft_weight: float = 0.0,
-               position_weights: str = "decay", chunk_rows: int = 4096
-               ) -> tuple[jax.Array, dict]:
+               position_weights: str = "decay", chunk_rows: int = 4096,
+               joint_final: bool = True) -> tuple[jax.Array, dict]:
     """Loss and metrics on one micro-batch ``{"input_ids", "loss_mask"} [B, S]``.
 
     ``draft_params`` are cast to ``compute_dtype`` here (float32 masters outside).
@@ -274,7 +274,9 @@ def draft_loss(draft_params: Any, target_params: Any, batch: dict, key: jax.Arra
     ``d`` of :func:`slot_divergence` (``soft_weight`` 0: CE on the data's tokens; 1: KL from
     the target's own next-token distribution; between: the mix). The ``[rows, V]`` logits
     are computed ``chunk_rows`` block slots at a time and never stored whole
-    (:func:`domino_jax.train.vocab_loss.row_losses`; 0 = one piece).
+    (:func:`domino_jax.train.vocab_loss.row_losses`; 0 = one piece); ``joint_final``: a
+    Domino drafter's final logits in one matmul with the head (docs/design.md §30; ``False``:
+    base logits plus the correction, the reference).
     Metrics: ``loss``, ``loss_base``, ``loss_final``, ``weight_sum``, per block slot
     ``correct [Bk]`` / ``count [Bk]`` (argmax == data token, unweighted, slots with a nonzero
     weight), ``tokens``; with soft labels also ``acc_target`` (argmax == the target's argmax,
@@ -298,7 +300,8 @@ def draft_loss(draft_params: Any, target_params: Any, batch: dict, key: jax.Arra
     lm_head = lambda h: target.apply({"params": target_params}, h, method=TargetLM.logits)
     out = row_losses(RowInputs(flat(feats.hidden), flat(feats.labels), flat(feats.features),
                                corrected, flat(feats.target_hidden)),
-                     lm_head, w2, soft_weight, chunk_rows)
+                     lm_head, w2, soft_weight, chunk_rows,
+                     lm_kernel=head_kernel(target, target_params) if joint_final else None)
     weights = feats.weights
     denom = weights.sum() + 1e-6
     term = lambda d: (weights * d.reshape(blocks, bk)).sum() / denom
@@ -319,6 +322,14 @@ def draft_loss(draft_params: Any, target_params: Any, batch: dict, key: jax.Arra
         agree = (out.guess == out.target_guess).reshape(blocks, bk) & counted
         metrics["acc_target"] = agree.sum() / jnp.maximum(counted.sum(), 1)
     return loss, metrics
+
+
+def head_kernel(target: TargetLM, target_params: Any) -> jax.Array:
+    """The target's LM head as a matrix ``[H, V]`` (the tied embedding transposed, or the
+    untied ``lm_head`` kernel): what :meth:`TargetLM.logits` multiplies by."""
+    if target.config.tie_word_embeddings:
+        return target_params["embed_tokens"]["embedding"].T
+    return target_params["lm_head"]["kernel"]
 
 
 INIT_FROM_TARGET_RULES = ("last", "spread")

@@ -99,7 +99,8 @@ def train_step(state: TrainState, batch: dict, target_params: Any, horizon=None,
                                 compute_dtype=_compute_dtype(cfg),
                                 soft_weight=cfg.soft_label_weight,
                                 position_weights=cfg.position_weights,
-                                chunk_rows=cfg.loss_chunk_rows)
+                                chunk_rows=cfg.loss_chunk_rows,
+                                joint_final=cfg.final_logits is None)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def accumulate(grads_sum, xs):

@@ -51,6 +51,45 @@ def slot_divergence(logits: jax.Array, labels: jax.Array, target_logp: jax.Array
     return out
 
 
+@jax.custom_vjp
+def joint_logits(hidden: jax.Array, features: jax.Array, lm_kernel: jax.Array,
+                 w2: jax.Array) -> jax.Array:
+    """The Domino final logits ``hidden @ lm_kernel + features @ w2`` as one matmul over the
+    joined inputs ``[R, H + E] @ [H + E, V]`` (float32 accumulation and output; inputs in
+    ``hidden.dtype``), so neither product is written as its own ``[R, V]`` array and added
+    (docs/design.md §30). The head ``lm_kernel [H, V]`` is frozen: the backward pass gives it
+    no gradient (and spends no matmul on one); ``hidden`` and ``features`` get theirs from one
+    matmul, ``w2`` from ``features^T @ g``."""
+    return _joint_forward(hidden, features, lm_kernel, w2)[0]
+
+
+def _joined(hidden, features, lm_kernel, w2):
+    dtype = hidden.dtype
+    return (jnp.concatenate([hidden, features.astype(dtype)], axis=-1),
+            jnp.concatenate([lm_kernel.astype(dtype), w2.astype(dtype)], axis=0))
+
+
+def _joint_forward(hidden, features, lm_kernel, w2):
+    x, w = _joined(hidden, features, lm_kernel, w2)
+    out = jnp.einsum("rk,kv->rv", x, w, preferred_element_type=jnp.float32)
+    return out, (hidden, features, lm_kernel, w2)
+
+
+def _joint_backward(saved, g):
+    hidden, features, lm_kernel, w2 = saved
+    x, w = _joined(hidden, features, lm_kernel, w2)
+    g = g.astype(x.dtype)
+    dx = jnp.einsum("rv,kv->rk", g, w, preferred_element_type=jnp.float32)
+    dw2 = jnp.einsum("re,rv->ev", x[:, hidden.shape[-1]:], g,
+                     preferred_element_type=jnp.float32)
+    size = hidden.shape[-1]
+    return (dx[:, :size].astype(hidden.dtype), dx[:, size:].astype(features.dtype),
+            None, dw2.astype(w2.dtype))
+
+
+joint_logits.defvjp(_joint_forward, _joint_backward)
+
+
 class RowInputs(NamedTuple):
     """What the loss needs of each row (``R`` rows, block-major order)."""
 
@@ -70,8 +109,8 @@ class RowOutputs(NamedTuple):
     target_guess: jax.Array | None      # int32 argmax of the soft label (soft/mix only)
 
 
-def _chunk(lm_head: LMHead, w2: jax.Array | None, soft_weight: float, rows: RowInputs
-           ) -> RowOutputs:
+def _chunk(lm_head: LMHead, w2: jax.Array | None, soft_weight: float,
+           lm_kernel: jax.Array | None, rows: RowInputs) -> RowOutputs:
     base = lm_head(rows.hidden)
     target_logp = None
     if soft_weight > 0.0:
@@ -80,9 +119,13 @@ def _chunk(lm_head: LMHead, w2: jax.Array | None, soft_weight: float, rows: RowI
     d_base = slot_divergence(base, rows.labels, target_logp, soft_weight)
     final, d_final = base, d_base
     if rows.features is not None:
-        delta = jnp.einsum("re,ev->rv", rows.features, w2.astype(rows.features.dtype),
-                           preferred_element_type=jnp.float32)
-        final = jnp.where(rows.corrected[:, None], base + delta, base)
+        if lm_kernel is not None:            # one matmul, rows not corrected read no feature
+            features = jnp.where(rows.corrected[:, None], rows.features, 0)
+            final = joint_logits(rows.hidden, features, lm_kernel, w2)
+        else:
+            delta = jnp.einsum("re,ev->rv", rows.features, w2.astype(rows.features.dtype),
+                               preferred_element_type=jnp.float32)
+            final = jnp.where(rows.corrected[:, None], base + delta, base)
         d_final = slot_divergence(final, rows.labels, target_logp, soft_weight)
     guess = jnp.argmax(jax.lax.stop_gradient(final), axis=-1).astype(jnp.int32)
     target_guess = None
@@ -92,7 +135,8 @@ def _chunk(lm_head: LMHead, w2: jax.Array | None, soft_weight: float, rows: RowI
 
 
 def row_losses(rows: RowInputs, lm_head: LMHead, w2: jax.Array | None = None,
-               soft_weight: float = 0.0, chunk_rows: int = 4096) -> RowOutputs:
+               soft_weight: float = 0.0, chunk_rows: int = 4096,
+               lm_kernel: jax.Array | None = None) -> RowOutputs:
     """Per-row divergences (:func:`slot_divergence`) of the base and final logits and the
     final logits' argmax, ``chunk_rows`` rows at a time (see the module doc).
 
@@ -101,12 +145,15 @@ def row_losses(rows: RowInputs, lm_head: LMHead, w2: jax.Array | None = None,
     ``rows.features``). ``soft_weight`` (static) as in :func:`slot_divergence`; its target
     distribution is ``log_softmax(lm_head(rows.target_hidden))``. Gradients flow to
     ``rows.hidden``, ``rows.features`` and ``w2``; the values and gradients equal the
-    unchunked computation's up to float32 summation order."""
+    unchunked computation's up to float32 summation order. ``lm_kernel [H, V]`` (the head
+    ``lm_head`` applies, as a matrix): the final logits come from :func:`joint_logits`, one
+    matmul, instead of the base logits plus a correction product (the same values up to
+    summation order, and the base logits' rounding to the compute dtype)."""
     if rows.features is not None and (w2 is None or rows.corrected is None):
         raise ValueError("row_losses: features need w2 and the corrected mask")
     if soft_weight > 0.0 and rows.target_hidden is None:
         raise ValueError("row_losses: soft labels need target_hidden")
-    body = lambda r: _chunk(lm_head, w2, soft_weight, r)
+    body = lambda r: _chunk(lm_head, w2, soft_weight, lm_kernel, r)
     total = rows.labels.shape[0]
     if chunk_rows <= 0 or chunk_rows >= total:
         return body(rows)
