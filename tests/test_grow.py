@@ -43,7 +43,7 @@ def _outputs(target6, config, params, ids, mask):  # noqa: F811
     return np.asarray(out.base), np.asarray(out.final)
 
 
-@pytest.mark.parametrize("sizes", [dict(num_layers=3), dict(gru_hidden_dim=24),
+@pytest.mark.parametrize("sizes", [dict(gru_hidden_dim=24),
                                    dict(num_layers=4, gru_hidden_dim=32, emb_dim=12)])
 def test_grown_drafter_computes_the_same_logits(target6, trained, sizes):  # noqa: F811
     config, params = trained
