@@ -70,7 +70,7 @@ def test_learns_from_the_folder(exported, target_params, tmp_path):
     assert losses[-1] < losses[0], losses
 
 
-def test_grows_the_folder(exported, target_params, tmp_path):
+def test_grows_the_folder(exported, target_params, tmp_path, capsys):
     """``grow_layers`` / ``grow_gru_hidden_dim``: the run starts from the folder's drafter
     grown (train/grow.py), so its first step, at learning rate 0, returns the grown params."""
     from domino_jax.train.grow import grow_draft
@@ -85,10 +85,13 @@ def test_grows_the_folder(exported, target_params, tmp_path):
     jax.tree_util.tree_map(np.testing.assert_array_equal, result.params, grown)
     with pytest.raises(ValueError, match="grow_layers: growing needs a trained drafter"):
         TrainConfig(grow_layers=3)
-    proc = subprocess.run([sys.executable, "-m", "domino_jax.train", "--data", "x.jsonl",
-                           "--out", str(tmp_path / "o"), "--grow-layers", "3"],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "--grow-layers grows a trained drafter" in proc.stderr
+    from domino_jax.train.__main__ import parse_args, with_recipe_options
+
+    args = parse_args(["--data", "x.jsonl", "--out", str(tmp_path / "o"), "--grow-layers", "3"])
+    with pytest.raises(SystemExit) as e:
+        with_recipe_options(TrainConfig(), args)
+    assert e.value.code == 2
+    assert "--grow-layers grows a trained drafter" in capsys.readouterr().err
 
 
 def test_mismatches_are_named(exported, target_params, tmp_path):
