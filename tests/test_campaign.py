@@ -265,7 +265,7 @@ def test_two_rounds(setup):
         record = json.load(f)
     assert record["replay"]["added"] == 16
     with open(root / "work2" / "round-0-generate.json") as f:   # for the train call's point
-        assert campaign.new_examples(json.load(f), replay_new=True) == 16
+        assert campaign.new_examples(json.load(f)) == 16
     assert all(g["written"] == 0 for name, g in record["generate"].items()
                if name != "replay"), record["generate"]
     # --init fresh: a new drafter of the --train-args shape trains on what the machine holds;
@@ -316,9 +316,10 @@ def test_a_branch_continues_its_parents_totals(setup, capsys):
     with pytest.raises(ValueError, match="no round 9 in the curve"):
         campaign.totals(curve, 9)
     generated = {"rehearsal": {"written": 7329}, "greedy": {"written": 8910},
-                 "sampled": {"written": 9216}, "replay": {"added": 24576}}
+                 "sampled": {"written": 9216}}
     assert campaign.new_examples(generated) == 18126
-    assert campaign.new_examples(generated, replay_new=True) == 18126 + 24576
+    generated["replay"] = {"added": 24576, "duplicates_dropped": 0}    # --replay-new's
+    assert campaign.new_examples(generated) == 18126 + 24576
     root = setup
     path = root / "curve-branch.json"
     path.write_text(json.dumps(curve))

@@ -28,7 +28,6 @@ def _perturbed(params, seed):
 @pytest.fixture(scope="module")
 def trained():
     config = make_draft_config(TARGET6, "domino", 2, 4, 16, 8, mask_token_id=5)
-    config = grown_config(config)        # unchanged: a no-op growth
     params = _perturbed(jax.jit(lambda k: init_draft_params(config, k, False))(
         jax.random.PRNGKey(3)), 0)
     return config, params
@@ -90,6 +89,7 @@ def test_every_new_weight_gets_a_gradient(target6, trained):  # noqa: F811
 
 def test_bad_growth_is_refused(trained):
     config, _ = trained
+    assert grown_config(config) == config                 # no size given: unchanged
     with pytest.raises(ValueError, match="grow num_layers: 1 is below the drafter's 2"):
         grown_config(config, num_layers=1)
     dflash = make_draft_config(TARGET6, "dflash", 2, 4, 16, 8)

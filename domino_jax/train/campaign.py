@@ -192,10 +192,12 @@ def _kinds(corpus: str) -> int:
     return max(1, len(kinds))
 
 
-def generate_phase(args, work: str) -> dict:
+def generate_phase(args, work: str, replayed: dict | None = None) -> dict:
     """Append this round's greedy and sampled responses to ``WORK/shards``. A pass the
     device fails (``JaxRuntimeError``, e.g. out of memory) is recorded as ``{"failed",
-    "written"}`` with the examples it committed, and the next pass runs."""
+    "written"}`` with the examples it committed, and the next pass runs. ``replayed``
+    (``--replay-new``'s merge record) is kept in the round's generate record as ``replay``:
+    its examples count as new (:func:`new_examples`)."""
     import jax
 
     from domino_jax.train import shards
@@ -253,6 +255,8 @@ def generate_phase(args, work: str) -> dict:
             log.exception("round %d: the %s pass failed", args.round, name)
             summaries[name] = {"failed": f"{type(error).__name__}: {str(error)[:400]}",
                                "written": examples_in(os.path.join(work, "shards")) - before}
+    if replayed is not None:
+        summaries["replay"] = replayed
     with open(_generate_record(work, args.round), "w") as f:   # for a later --phases train
         json.dump(summaries, f, indent=1, default=str)
     return summaries
@@ -267,15 +271,15 @@ def examples_in(shards_dir: str) -> int:
     return sum(int(entry["examples"]) for entry in read_manifest(shards_dir)["shards"])
 
 
-def new_examples(generated: dict | None, replay_new: bool = False) -> int:
-    """Responses a round's generate passes wrote that are new to the drafter: all but the
-    greedy ones its history already holds (``rehearsal``: ``--top-up-greedy``'s; ``repeat``:
-    the prompts a slice wrapped onto); with ``replay_new`` also the examples ``--replay``
-    added (``replay``: a dead branch's data, new to the drafter it starts from)."""
-    count = sum(int(g.get("written", 0)) for name, g in (generated or {}).items()
-                if name not in ("rehearsal", "repeat"))
-    return count + (int((generated or {}).get("replay", {}).get("added", 0)) if replay_new
-                    else 0)
+def new_examples(generated: dict | None) -> int:
+    """Examples of a round new to the drafter: every response its generate passes wrote but
+    the greedy ones its history already holds (``rehearsal``: ``--top-up-greedy``'s;
+    ``repeat``: the prompts a slice wrapped onto), and the examples ``--replay-new`` merged
+    (``replay``: a dead branch's data, new to the drafter the round starts from)."""
+    generated = generated or {}
+    count = sum(int(g.get("written", 0)) for name, g in generated.items()
+                if name not in ("rehearsal", "repeat", "replay"))
+    return count + int(generated.get("replay", {}).get("added", 0))
 
 
 def _generate_record(work: str, round_index: int) -> str:
@@ -487,11 +491,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.info("replayed %s: %s", ", ".join(args.replay), record["replay"])
     if "generate" in args.phases:
         t0 = time.perf_counter()
-        record["generate"] = generate_phase(args, args.work)
-        if args.replay_new:             # kept with the round's generate record, for its point
-            record["generate"]["replay"] = record["replay"]
-            with open(_generate_record(args.work, args.round), "w") as f:
-                json.dump(record["generate"], f, indent=1, default=str)
+        record["generate"] = generate_phase(args, args.work,
+                                            record["replay"] if args.replay_new else None)
         record["generate_seconds"] = time.perf_counter() - t0
     if "train" in args.phases:
         record["train"] = train_phase(args, args.work, args.out,
@@ -508,7 +509,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             new, init = record["train"]["distinct_examples"], FRESH
         else:
             done, init = totals(curve, args.init_round), os.path.abspath(args.init)
-            new = new_examples(generated, replay_new="replay" in (generated or {}))
+            new = new_examples(generated)
         point = {"round": args.round, "init": init,
                  "steps_round": steps, "steps_total": done["steps"] + steps,
                  "examples_seen_total": done["examples_seen"] + steps * args.batch_size,

@@ -69,9 +69,9 @@ def _gate_blocks(old: np.ndarray, fresh: np.ndarray, old_units: int, new_units: 
     return out
 
 
-def _grow_head(old: dict, fresh: dict, hidden_size: int, config: DraftConfig,
-               grown: DraftConfig) -> dict:
-    g, g2, e = config.gru_hidden_dim, grown.gru_hidden_dim, config.emb_dim
+def _grow_head(old: dict, fresh: dict, config: DraftConfig, grown: DraftConfig) -> dict:
+    hidden_size, g, g2, e = (config.hidden_size, config.gru_hidden_dim, grown.gru_hidden_dim,
+                             config.emb_dim)
     w_ih = _gate_blocks(old["prefix_gru"]["weight_ih"], fresh["prefix_gru"]["weight_ih"], g, g2)
     w_hh = _gate_blocks(old["prefix_gru"]["weight_hh"], fresh["prefix_gru"]["weight_hh"], g, g2)
     for gate in range(3):                  # the old units' gates read no new unit
@@ -114,7 +114,7 @@ def grow_draft(config: DraftConfig, params: Any, rng: jax.Array,
         backbone[name] = layer
     out = {"backbone": backbone}
     if "head" in old:
-        out["head"] = _grow_head(old["head"], fresh["head"], config.hidden_size, config, grown)
+        out["head"] = _grow_head(old["head"], fresh["head"], config, grown)
     if "mask_embedding" in old:
         out["mask_embedding"] = old["mask_embedding"]
     return grown, jax.tree_util.tree_map(jnp.asarray, out)

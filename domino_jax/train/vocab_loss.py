@@ -78,11 +78,10 @@ def _joint_forward(hidden, features, lm_kernel, w2):
 def _joint_backward(saved, g):
     hidden, features, lm_kernel, w2 = saved
     x, w = _joined(hidden, features, lm_kernel, w2)
+    size = hidden.shape[-1]
     g = g.astype(x.dtype)
     dx = jnp.einsum("rv,kv->rk", g, w, preferred_element_type=jnp.float32)
-    dw2 = jnp.einsum("re,rv->ev", x[:, hidden.shape[-1]:], g,
-                     preferred_element_type=jnp.float32)
-    size = hidden.shape[-1]
+    dw2 = jnp.einsum("re,rv->ev", x[:, size:], g, preferred_element_type=jnp.float32)
     return (dx[:, :size].astype(hidden.dtype), dx[:, size:].astype(features.dtype),
             None, dw2.astype(w2.dtype))
 
