@@ -134,6 +134,83 @@ def test_generate_phase_runs_top_up_first_within_the_sampled_reserve(tmp_path, m
     assert campaign.new_examples({"sampled": {"skipped": "no time left"}}) == 0
 
 
+def test_self_instruct_requests_join_the_round_as_a_corpus_would_take_them(tmp_path,
+                                                                          monkeypatch):
+    """``--self-instruct N``: the target's requests, filtered as a corpus's training prompts
+    and against the held-out split, are answered in the round's greedy and sampled passes
+    under their corpus ids, and counted as new examples through those passes only."""
+    from domino_jax.train import self_instruct, shards
+    from domino_jax.train.corpus import is_heldout
+    from domino_jax.train.corpus_dedup import prompt_id
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    with open(corpus / "train.jsonl", "w") as f:
+        for i in range(4):
+            f.write(json.dumps({"id": f"m{i}", "kind": "math", "source": "t",
+                                "prompt": f"what is {i} plus {i}"}) + "\n")
+    held = "Tell me three surprising facts about the ocean tides and the moon, please."
+    (corpus / "heldout.jsonl").write_text(json.dumps({"id": "h0", "kind": "chat",
+                                                      "prompt": held}) + "\n")
+    (corpus / "card.json").write_text(json.dumps({"eval_fraction": 0.02}))
+    good = ["How do I keep basil alive on a sunny windowsill in winter?",
+            "Can you help me plan a birthday party for my grandmother?"]
+    ruled_out = "Could you suggest a weekend plan number 15 for a small garden?"
+    assert is_heldout(prompt_id(ruled_out), 0.02)                 # the held-out rule's
+    evaluated = "Please write me a haiku about the autumn leaves falling down today."
+    (tmp_path / "eval.txt").write_text(evaluated + "\n")           # an evaluation set
+    written = [good[0], held.replace("please", "please!"), good[0].upper(), ruled_out,
+               "Hi there?", evaluated.lower(), good[1]]
+    asked = []
+
+    def fake_self_instruct(target, num, **options):
+        asked.append((target, num, options))
+        return [{"kind": "chat", "source": "self_instruct", "prompt": t} for t in written]
+
+    calls = []
+
+    def fake_generate(a):
+        with open(a.corpus) as f:
+            calls.append((a.modes, [json.loads(line)["id"] for line in f]))
+        return {"written": len(calls[-1][1])}
+
+    monkeypatch.setattr(self_instruct, "self_instruct_from_dir", fake_self_instruct)
+    monkeypatch.setattr(shards, "_generate", fake_generate)
+    work = tmp_path / "work"
+    work.mkdir()
+    args = campaign.parse_args(["--round", "3", "--corpus", str(corpus), "--work", str(work),
+                                "--out", "o", "--target", "T", "--prompts-per-round", "2",
+                                "--first-round", "3", "--phases", "generate",
+                                "--self-instruct", "6", "--exclude", str(tmp_path / "eval.txt"),
+                                "--self-instruct-batch", "8", "--prompt-seed", "5"])
+    generated = campaign.generate_phase(args, str(work))
+    (target, num, options), = asked
+    assert (target, num) == ("T", 6) and options["seed"] == 3005            # 1000 r + seed
+    assert options["batch_size"] == 8 and options["max_new_tokens"] == 96
+    ids = [prompt_id(t) for t in good]
+    summary = generated["self_instruct"]
+    assert summary["kept"] == 2 and summary["generated"] == 7 and summary["requested"] == 6
+    assert summary["kinds"] == {"chat": 2} and summary["rejected"]["heldout"] == 1
+    # a held-out near copy, a repeat, a short one, the evaluation set's
+    assert sum(summary["rejected"].values()) == 5
+    assert any(reason.startswith("exclude:") for reason in summary["rejected"])
+    kept = [json.loads(line) for line in open(work / "round-3-self-instruct.jsonl")]
+    assert [r["id"] for r in kept] == ids and all(r["kind"] == "chat" for r in kept)
+    (g_mode, g_ids), (s_mode, s_ids) = calls
+    assert g_mode == "greedy" and len(g_ids) == 4 and set(ids) <= set(g_ids)  # 2 + 2 slice
+    # the slice's samples are marked with its index in the corpus (0), the requests' with
+    # the round
+    assert s_mode == "sampled" and sorted(s_ids) == sorted(
+        f"{i}~r3" if i in ids else f"{i}~r0" for i in g_ids)
+    assert campaign.new_examples(generated) == 8                     # both passes, no summary
+    with pytest.raises(SystemExit):
+        campaign.parse_args(["--round", "0", "--corpus", str(corpus), "--work", "w", "--out",
+                             "o", "--self-instruct", "-1"])
+    with pytest.raises(SystemExit):
+        campaign.parse_args(["--round", "0", "--corpus", str(corpus), "--work", "w", "--out",
+                             "o", "--exclude", str(tmp_path / "missing.jsonl")])
+
+
 def test_a_pass_the_device_fails_keeps_what_it_wrote(setup, monkeypatch):
     """A generate pass that dies on the device (out of memory) after committing shards: the
     round goes on (the next pass, training), and its committed examples count as new."""

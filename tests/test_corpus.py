@@ -17,7 +17,8 @@ import pytest
 from domino_jax.train import corpus as corpus_mod
 from domino_jax.train import corpus_parse
 from domino_jax.train.corpus import (DEFAULT_MIX, KINDS, RECORD_KEYS, Source, build_corpus,
-                                     is_heldout, main, parse_mix, read_corpus)
+                                     is_heldout, main, parse_mix, read_corpus,
+                                     training_records)
 from domino_jax.train.corpus_code import inject_bug, iter_functions
 from domino_jax.train.corpus_text import file_documents
 from domino_jax.train.corpus_dedup import (BenchmarkFilter, NearDuplicateIndex, jaccard,
@@ -336,6 +337,22 @@ def test_extra_records_pass_the_same_filters():
     assert len(corpus.train) == 51
 
 
+def test_training_records_take_what_a_corpus_would():
+    """New prompts beside a corpus (a campaign round's self-instruct requests): the corpus's
+    filters against ``taken``'s prompts, and the held-out rule."""
+    taken = [{"prompt": "Tell me a story about a fox."}]
+    texts = ["tell me a story about a  FOX.", "Write def has_close_elements(numbers, threshold) "
+             "in Python.", "Write a short poem about the sea and its waves.", "Too short"]
+    records = [{"kind": "chat", "source": "self_instruct", "prompt": t} for t in texts]
+    kept, rejected = training_records(records, taken, eval_fraction=0.0)
+    assert [r["prompt"] for r in kept] == [texts[2]] and kept[0]["id"] == prompt_id(texts[2])
+    assert rejected["exact_duplicate"] == 1 and rejected["length"] == 1
+    assert any(k.startswith("fingerprint:") for k in rejected)
+    # everything held out by the rule at eval_fraction 1 - tiny
+    kept, rejected = training_records(records[2:3], [], eval_fraction=0.999999)
+    assert kept == [] and rejected == {"heldout": 1}
+
+
 @pytest.mark.slow
 def test_full_size_corpus():
     """The default build: 60,000 distinct prompts, every kind at its share."""
@@ -422,3 +439,34 @@ def test_cli_self_instruct_with_saved_tiny_target(tmp_path, capsys):
     info = card["self_instruct"]
     assert (info["requested"], info["kept"], info["target"]) == (3, kept, folder)
     assert kept <= info["written"] <= 3 and len(records) == 60 + kept
+
+
+def test_self_instruct_command_keeps_requests_against_a_held_out_file(tmp_path, monkeypatch,
+                                                                     capsys):
+    """``python -m domino_jax.train.self_instruct``: what the target wrote, kept as training
+    prompts would be against ``--against``, the first ``--keep``, relabelled ``--kind``."""
+    from domino_jax.train import self_instruct
+    from domino_jax.train.self_instruct import guess_kind
+
+    held = tmp_path / "heldout.jsonl"
+    held.write_text(json.dumps({"id": "h", "kind": "chat",
+                                "prompt": "How do I keep basil alive on a windowsill?"}) + "\n")
+    texts = ["How do I keep basil alive on a windowsill?", "Write a short poem about a fox.",
+             "Can you plan a picnic for six people by the lake?", "Suggest a name for my cat."]
+    calls = []
+    monkeypatch.setattr(self_instruct, "self_instruct_from_dir", lambda target, num, **kw: (
+        calls.append((target, num, kw)) or
+        [{"kind": guess_kind(t), "source": "self_instruct", "prompt": t} for t in texts]))
+    out = tmp_path / "requests.jsonl"
+    assert self_instruct.main(["--out", str(out), "--num", "4", "--keep", "2", "--seed", "7",
+                               "--against", str(held), "--kind", "request", "--target",
+                               "T", "--dtype", "float32"]) == 0
+    (target, num, kw), = calls
+    assert (target, num, kw["seed"], kw["dtype"]) == ("T", 4, 7, "float32")
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["prompt"] for r in records] == texts[1:3]              # the held-out one dropped
+    assert all(r["kind"] == "request" and r["guessed_kind"] == "chat" for r in records)
+    assert [r["id"] for r in records] == [prompt_id(t) for t in texts[1:3]]
+    assert json.loads(capsys.readouterr().out)["kept"] == 2
+    with pytest.raises(SystemExit):
+        self_instruct.main(["--out", str(out), "--num", "1", "--against", str(tmp_path / "x")])

@@ -21,7 +21,9 @@ A round (``--phases``, both by default; a lent GPU may run them in separate call
   up to their share (:func:`top_up`; ``--top-up-by-source``: each source of a kind, e.g. a
   chat template, up to its part); with ``--top-up-greedy`` those prompts are also
   answered greedily first (a rehearsal of kinds the drafter drifted from, docs/design.md
-  §25; repeats, so not counted as distinct examples).
+  §25; repeats, so not counted as distinct examples). ``--self-instruct N``: the target
+  first writes up to N user requests with the round's seed, kept as a corpus would keep
+  training prompts, which join the new prompts (docs/design.md §31).
 * ``train``: ``python -m domino_jax.train`` on all of ``WORK/shards`` from ``--init`` (a
   drafter folder: params only, a fresh optimizer and schedule: a warm restart; or ``fresh``:
   a new drafter of the shape ``--train-args`` gives, to try another size on the data a
@@ -66,6 +68,8 @@ from domino_jax.console import add_verbose_flag, setup_logging
 
 log = logging.getLogger(__name__)
 SAMPLED_ID = "{id}~r{round}"
+SELF_INSTRUCT_SEEDS = 1000   # round r's self-instruct batches use seeds 1000 r + prompt seed + b
+COUNTED_PASSES = ("greedy", "sampled")   # generate passes whose responses are new examples
 FRESH = "fresh"          # --init: a new drafter, its shape from --train-args (the train CLI's)
 
 
@@ -134,16 +138,53 @@ def top_up(greedy: Sequence[dict], earlier: Sequence[dict], mix: dict[str, float
     return extra
 
 
+def _card(corpus_dir: str) -> dict:
+    card = os.path.join(corpus_dir, "card.json")
+    if not os.path.isfile(card):
+        return {}
+    with open(card) as f:
+        return json.load(f)
+
+
 def corpus_mix(corpus_dir: str) -> dict[str, float]:
     """The kind shares the corpus was built for (its card's ``mix``), else the default."""
     from domino_jax.train.corpus import DEFAULT_MIX
-    card = os.path.join(corpus_dir, "card.json")
-    if os.path.isfile(card):
-        with open(card) as f:
-            mix = json.load(f).get("mix")
-        if mix:
-            return {k: float(v) for k, v in mix.items()}
+    mix = _card(corpus_dir).get("mix")
+    if mix:
+        return {k: float(v) for k, v in mix.items()}
     return dict(DEFAULT_MIX)
+
+
+def self_instruct_requests(args, work: str) -> tuple[list[dict], dict]:
+    """``--self-instruct N``: up to N user requests the target writes with the round's seed
+    (:mod:`domino_jax.train.self_instruct`), kept as a corpus would keep them for training
+    (:func:`domino_jax.train.corpus.training_records`: the corpus's filters, no near
+    duplicate of a held-out prompt, no 8-gram of one or of an ``--exclude`` file's text,
+    none held out by the rule), each with its corpus id. Written to ``WORK/round-<r>-self-instruct.jsonl``; returns them and
+    their summary for the round's record (docs/design.md §31)."""
+    from domino_jax.train.corpus import training_records
+    from domino_jax.train.self_instruct import self_instruct_from_dir
+
+    t0 = time.perf_counter()
+    target = args.target
+    if target is None:
+        from domino_jax.demo_model import demo_target_dir
+        target = demo_target_dir()
+    written = self_instruct_from_dir(target, args.self_instruct,
+                                     seed=SELF_INSTRUCT_SEEDS * args.round + args.prompt_seed,
+                                     batch_size=args.self_instruct_batch,
+                                     max_new_tokens=args.self_instruct_max_new_tokens)
+    heldout = os.path.join(args.corpus, "heldout.jsonl")
+    kept, rejected = training_records(
+        written, _read_jsonl(heldout), exclude_files=[heldout, *args.exclude],
+        eval_fraction=float(_card(args.corpus).get("eval_fraction", 0.02)))
+    _write_jsonl(kept, os.path.join(work, f"round-{args.round}-self-instruct.jsonl"))
+    summary = {"requested": args.self_instruct, "generated": len(written), "kept": len(kept),
+               "rejected": rejected,
+               "kinds": dict(collections.Counter(r["kind"] for r in kept)),
+               "seconds": round(time.perf_counter() - t0, 1)}
+    log.info("round %d: self-instruct %s", args.round, summary)
+    return kept, summary
 
 
 def read_curve(path: str | None) -> list[dict]:
@@ -212,6 +253,18 @@ def generate_phase(args, work: str, replayed: dict | None = None) -> dict:
                     "used up: build a follow-on one); their greedy responses are not counted "
                     "as new examples", args.round, len(repeats), len(prompts.greedy))
     sampled, rehearsal = prompts.sampled, []
+    summaries = {}
+    deadline = time.perf_counter() + args.gen_seconds
+    if args.self_instruct:
+        requests, summaries["self_instruct"] = self_instruct_requests(args, work)
+        # new prompts beside the slice's, mixed in so that a pass cut short by its time
+        # keeps both in proportion
+        rng = random.Random(SELF_INSTRUCT_SEEDS * args.round + args.prompt_seed)
+        fresh = fresh + requests
+        rng.shuffle(fresh)
+        sampled = sampled + [dict(r, id=SAMPLED_ID.format(id=r["id"], round=args.round))
+                             for r in requests]
+        rng.shuffle(sampled)
     if args.top_up:
         extra = top_up(prompts.greedy, _read_jsonl(os.path.join(args.top_up, "train.jsonl")),
                        corpus_mix(args.corpus), args.round, args.prompt_seed,
@@ -220,8 +273,6 @@ def generate_phase(args, work: str, replayed: dict | None = None) -> dict:
                    for r in extra] + sampled
         if args.top_up_greedy and "greedy" in args.modes:
             rehearsal = extra
-    summaries = {}
-    deadline = time.perf_counter() + args.gen_seconds
     passes = (("rehearsal", "greedy", rehearsal), ("greedy", "greedy", fresh),
               ("repeat", "greedy", repeats), ("sampled", "sampled", sampled))
     for name, mode, records in passes:
@@ -272,13 +323,13 @@ def examples_in(shards_dir: str) -> int:
 
 
 def new_examples(generated: dict | None) -> int:
-    """Examples of a round new to the drafter: every response its generate passes wrote but
-    the greedy ones its history already holds (``rehearsal``: ``--top-up-greedy``'s;
-    ``repeat``: the prompts a slice wrapped onto), and the examples ``--replay-new`` merged
-    (``replay``: a dead branch's data, new to the drafter the round starts from)."""
+    """Examples of a round new to the drafter: the responses of its ``greedy`` and
+    ``sampled`` passes (not ``rehearsal``'s or ``repeat``'s greedy ones, which its history
+    already holds: ``--top-up-greedy``'s and the prompts a slice wrapped onto), and the
+    examples ``--replay-new`` merged (``replay``: a dead branch's data, new to the drafter
+    the round starts from)."""
     generated = generated or {}
-    count = sum(int(g.get("written", 0)) for name, g in generated.items()
-                if name not in ("rehearsal", "repeat", "replay"))
+    count = sum(int(generated.get(name, {}).get("written", 0)) for name in COUNTED_PASSES)
     return count + int(generated.get("replay", {}).get("added", 0))
 
 
@@ -391,6 +442,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="answer the --top-up prompts greedily too, before the new prompts "
                         "(rehearsal of kinds the drafter drifted from; not counted as "
                         "distinct examples)")
+    p.add_argument("--self-instruct", type=int, default=0, metavar="N",
+                   help="the target writes up to N new user requests (seeded by the round), "
+                        "answered beside the slice's prompts: new prompts beyond the corpus "
+                        "(docs/design.md §31; 0 = off)")
+    p.add_argument("--exclude", action="append", default=[], metavar="FILE",
+                   help="--self-instruct: drop requests sharing a word 8-gram with a text of "
+                        "FILE (.jsonl or .txt, as the corpus's --exclude), e.g. an evaluation "
+                        "set; repeatable")
+    p.add_argument("--self-instruct-batch", type=int, default=1024)
+    p.add_argument("--self-instruct-max-new-tokens", type=int, default=96)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--gen-batch-size", type=int, default=1024)
     p.add_argument("--gen-queue", type=int, default=4)
@@ -471,6 +532,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--replay-new counts --replay's examples: give --replay too")
     if not 0 <= args.first_round <= args.round:
         p.error(f"--first-round {args.first_round}: must be in [0, --round {args.round}]")
+    if args.self_instruct < 0:
+        p.error(f"--self-instruct must be >= 0, got {args.self_instruct}")
+    for path in args.exclude:
+        if not os.path.isfile(path):
+            p.error(f"--exclude {path!r}: no such file")
     if not 0.0 <= args.sampled_share < 1.0:
         p.error(f"--sampled-share must be in [0, 1), got {args.sampled_share}")
     return args
@@ -494,6 +560,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         record["generate"] = generate_phase(args, args.work,
                                             record["replay"] if args.replay_new else None)
         record["generate_seconds"] = time.perf_counter() - t0
+        requests = os.path.join(args.work, f"round-{args.round}-self-instruct.jsonl")
+        if args.self_instruct and os.path.isfile(requests):    # what the target asked
+            shutil.copy(requests, args.out)
     if "train" in args.phases:
         record["train"] = train_phase(args, args.work, args.out,
                                       train_seconds_left(args, t_start))

@@ -204,6 +204,31 @@ def is_heldout(pid: str, eval_fraction: float) -> bool:
     return int(pid, 16) / 16.0 ** 16 < eval_fraction
 
 
+def training_records(records: Sequence[dict], taken: Sequence[dict], *,
+                     eval_fraction: float = 0.02, near_threshold: float = 0.8,
+                     exclude_files: Sequence[str] = ()) -> tuple[list[dict], dict[str, int]]:
+    """New prompts (``{"kind", "source", "prompt"}``, e.g. a campaign round's self-instruct
+    requests) that a corpus would take for training: the corpus's filters (length, exact and
+    near duplicates among themselves and of ``taken``'s prompts, the benchmark fingerprints
+    and ``exclude_files``), and none held out by :func:`is_heldout`. Returns the kept
+    records in order, each with its ``id``, and the rejections counted by reason
+    (``heldout`` for the rule)."""
+    filters = _Filters(BenchmarkFilter(exclude_files), near_threshold)
+    for record in taken:
+        filters.index(record["prompt"])
+    kept = []
+    for record in records:
+        pid = filters.accept(record["prompt"], record["source"])
+        if pid is None:
+            continue
+        if is_heldout(pid, eval_fraction):
+            filters._reject("heldout", record["source"])
+            continue
+        kept.append({"id": pid, "kind": record["kind"], "source": record["source"],
+                     "prompt": record["prompt"]})
+    return kept, dict(filters.rejected)
+
+
 def parse_mix(text: str) -> dict[str, float]:
     """``"math=0.3,code=0.25,..."`` -> normalised shares over :data:`KINDS` (others 0)."""
     mix = {}
