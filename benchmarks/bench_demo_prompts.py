@@ -71,6 +71,10 @@ def parse_args(argv=None):
     p.add_argument("--lookup-arms", default="off",
                    help="also run auto with these prompt-lookup arms (on | K[,K...]; off)")
     p.add_argument("--ngram", action="store_true", help="also run --method ngram")
+    p.add_argument("--draft-vocab", default="", metavar="N[,N]",
+                   help="also the adaptive run (with the lookup arms when given) with the "
+                        "drafter's LM head over the N most frequent tokens (the CLI's "
+                        "--draft-vocab N; the folder's draft_vocab.npy), per N")
     p.add_argument("--cost-table", default=None,
                    help="default: OUT/demo_prompts_costs.json (calibrated on first use)")
     p.add_argument("--git-commit", default=None)
@@ -88,8 +92,10 @@ def main(argv=None):
     from domino_jax.decode.adaptive import AdaptiveConfig
     from domino_jax.decode.config import DecodeConfig
     from domino_jax.decode.cost_model import CostModel
-    from domino_jax.decode.loading import (default_models, encode_prompt, load_pair,
-                                           load_tokenizer, stop_token_ids)
+    from domino_jax.decode.loading import (default_models, draft_vocab_params, encode_prompt,
+                                           load_pair, load_tokenizer, read_draft_vocab,
+                                           stop_token_ids)
+    from domino_jax.decode.methods import make_drafter
     from domino_jax.decode.lookup_arm import parse_lookup_arms
     from domino_jax.decode.speculative import generate, precompile, prompt_bucket
 
@@ -112,6 +118,13 @@ def main(argv=None):
             base, adaptive=AdaptiveConfig(lookup=lookup)), drafter, dp), **runs}
     if args.ngram:
         runs["ngram"] = (dataclasses.replace(base, method="ngram"), None, None)
+    for size in [int(n) for n in args.draft_vocab.split(",") if n]:
+        name = "domino auto+lookup" if lookup else "domino auto"
+        runs[f"{name} vocab{size}"] = (
+            runs[name][0], make_drafter(drafter.config, target, "domino", dataclasses.replace(
+                drafter.options, draft_vocab=size)),
+            dict(dp, vocab=draft_vocab_params(target.config, tp, read_draft_vocab(
+                draft_dir, size, target.config.vocab_size))))
     texts, kinds = list(PROMPTS[:args.prompts]), [""] * len(PROMPTS[:args.prompts])
     if args.prompt_file:
         from domino_jax.train.evaluate import read_eval_prompts

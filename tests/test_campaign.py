@@ -315,6 +315,9 @@ def test_two_rounds(setup):
     join_parts(str(out1 / "draft"), str(restored))
     bf16 = root / "work" / "round-1" / "draft-bf16"
     assert sorted(os.listdir(restored)) == sorted(os.listdir(bf16))
+    # with the token ranking of the round's training responses (--draft-vocab)
+    ranking = np.load(restored / "draft_vocab.npy")
+    assert sorted(ranking.tolist()) == list(range(128))
     for name in os.listdir(bf16):
         assert (restored / name).read_bytes() == (bf16 / name).read_bytes()
     parts = [f for f in (out1 / "draft").rglob("part-*")]

@@ -29,6 +29,7 @@ from domino_jax.pallas import (ATTENTION_IMPLEMENTATIONS, DEFAULT_PREFILL_CHUNK,
 DEFAULT_PROMPT = "Explain in three sentences why the sky is blue."
 DEFAULT_WIDTH = "auto"       # --draft-length / --budget of block drafters
 DEFAULT_ADAPTIVE_LOOKUP = "on"    # --adaptive-lookup (docs/design.md §12)
+CPU_DRAFT_VOCAB = 8192       # --draft-vocab auto on a CPU (docs/design.md §32)
 log = logging.getLogger("domino_jax.decode")
 
 
@@ -157,6 +158,14 @@ def add_decode_arguments(p: argparse.ArgumentParser) -> None:
                         "instead of the whole block; cheaper drafting, other drafts (the "
                         "block attends non-causally), still lossless. Default off: the "
                         "reference's drafts")
+    p.add_argument("--draft-vocab", dest="draft_vocab", type=_auto_or_count, default="auto",
+                   metavar="auto|N",
+                   help="block drafters: the drafter's LM head over only the N most frequent "
+                        "tokens of its folder's draft_vocab.npy ranking (cheaper drafting "
+                        "where the LM head is a large part of it, as for a small model on a "
+                        "CPU; a rarer token is never drafted; still lossless); 0 = the whole "
+                        f"vocabulary. 'auto' (default): {CPU_DRAFT_VOCAB} on a CPU when the "
+                        "folder has the ranking, else 0 (docs/design.md §32)")
     p.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
                    help="split the target and the drafter over N devices (attention heads, "
                         "MLP columns, vocabulary; N must divide the head counts); loads the "
@@ -292,6 +301,9 @@ def load_decoder(args, before_load=None) -> Decoder:
     if not drafter_cls.needs_checkpoint and args.draft:
         raise ValueError(f"--method {method} uses no drafter checkpoint: drop --draft")
     uses_draft = drafter_cls.needs_checkpoint
+    if args.draft_vocab == "auto" and "draft_vocab" in {
+            f.name for f in dataclasses.fields(drafter_cls.Options)}:
+        args.draft_vocab = auto_draft_vocab(draft_dir)
     options = method_options(method, **_given_options(args, drafter_cls.Options))
     auto = _adaptive_widths(args, drafter_cls, options)
     prefill = PrefillConfig(chunk=args.prefill_chunk, attention=args.prefill_attention)
@@ -350,9 +362,10 @@ def _run(args) -> int:
         prompts.extend(encode_prompt(tokenizer, t, args.chat) for t in texts)
 
     d = load_decoder(args, before_load=encode)
+    vocab = getattr(getattr(d.drafter, "options", None), "draft_vocab", 0)
     print(f"[domino_jax] target={d.target_dir} draft={d.draft_dir or '-'} "
-          f"method={d.config.method} T={args.temperature} backend={jax.default_backend()}",
-          file=sys.stderr)
+          f"method={d.config.method}{f' draft-vocab={vocab}' if vocab else ''} "
+          f"T={args.temperature} backend={jax.default_backend()}", file=sys.stderr)
     with mesh_context(d.mesh):
         decode_and_report(d.target, d.target_params, d.drafter, d.draft_params, prompts, texts,
                           d.tokenizer, d.config, seed=args.seed, compare_ar=compare_ar,
@@ -374,6 +387,29 @@ def tensor_parallel_mesh(n: int, target_dir: str, draft_dir: str | None):
     return tensor_mesh(n)
 
 
+def _auto_or_count(value: str):
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or a number, got {value!r}") from None
+
+
+def auto_draft_vocab(draft_dir: str) -> int:
+    """``--draft-vocab auto``: :data:`CPU_DRAFT_VOCAB` tokens on a CPU when ``draft_dir``
+    has a ranking of more tokens than that, else 0 (the whole vocabulary)."""
+    import jax
+    import numpy as np
+
+    from domino_jax.decode.loading import DRAFT_VOCAB_FILE
+
+    path = os.path.join(draft_dir, DRAFT_VOCAB_FILE)
+    if jax.default_backend() != "cpu" or not os.path.isfile(path):
+        return 0
+    return CPU_DRAFT_VOCAB if len(np.load(path, mmap_mode="r")) > CPU_DRAFT_VOCAB else 0
+
+
 def _on_off(value: str) -> bool:
     if value not in ("on", "off"):
         raise argparse.ArgumentTypeError(f"expected on or off, got {value!r}")
@@ -386,7 +422,8 @@ OPTION_FLAGS = {"budget": "--budget", "draft_length": "--draft-length", "topm": 
                 "max_ngram": "--ngram-max", "min_ngram": "--ngram-min",
                 "num_tokens": "--ngram-tokens", "occurrence": "--ngram-occurrence",
                 "head_kernels": "--head-kernels",
-                "lookup_branch": "--lookup-branch", "trim_block": "--trim-block"}
+                "lookup_branch": "--lookup-branch", "trim_block": "--trim-block",
+                "draft_vocab": "--draft-vocab"}
 
 LOOKUP_MATCHER = ("max_ngram", "min_ngram", "occurrence")   # also --adaptive-lookup's
 

@@ -31,6 +31,9 @@ from domino_jax.models.qwen3 import TargetLM, TargetOutput
 from domino_jax.pallas import HEAD_IMPLEMENTATIONS, check_implementation, head_kernels
 
 AUTO = "auto"    # a width option's adaptive value (--draft-length auto, --budget auto)
+# the base logit of a token outside the draft vocabulary: finite, so that sums and
+# differences of logits stay numbers, and below any logit a model computes
+OUTSIDE_DRAFT_VOCAB = -1e30
 
 
 def one_hot_log_probs(tokens: jax.Array, vocab: int) -> jax.Array:
@@ -51,11 +54,17 @@ class BlockOptions:
     ``trim_block``: the backbone runs over only the block slots the ``draft_length`` drafts
     read (``[root, MASK x k]``; ``k`` slots with ``shift_label``) instead of the whole block:
     the layers' cost falls with ``k``, but the block attends non-causally, so the drafts
-    change (still verified: lossless either way); off = the reference's drafts."""
+    change (still verified: lossless either way); off = the reference's drafts.
+    ``draft_vocab``: the drafter's LM head over only the ``N`` most frequent tokens of its
+    checkpoint's ranking (``draft_vocab.npy``, :mod:`domino_jax.train.draft_vocab`; the
+    params' ``vocab`` entry, :func:`~domino_jax.decode.loading.load_pair`): a draft is never
+    another token, so the drafts change where the target's token is rare (verified:
+    lossless); 0 = the whole vocabulary, the reference's drafts (docs/design.md §32)."""
 
     context_window: int | None = None
     draft_length: int | str = 0
     trim_block: bool = False
+    draft_vocab: int = 0
 
     def __post_init__(self):
         if self.context_window is not None and self.context_window < 1:
@@ -65,6 +74,9 @@ class BlockOptions:
                                           or self.draft_length < 0):
             raise ValueError(f"draft length (--draft-length) must be 'auto' or >= 1 (0 = the "
                              f"whole block), got {self.draft_length!r}")
+        if self.draft_vocab < 0:
+            raise ValueError(f"draft vocabulary (--draft-vocab) must be >= 1 tokens (0 = the "
+                             f"whole vocabulary), got {self.draft_vocab}")
 
     @property
     def adaptive(self) -> bool:
@@ -163,9 +175,22 @@ class BlockDrafter(Drafter):
         """The target's embeddings of ``tokens [...]`` -> ``[..., H]``."""
         return self.target.apply({"params": target_params}, tokens, method=TargetLM.embed)
 
-    def lm_head(self, target_params, hidden):
-        """The target's LM head on ``hidden [..., H]`` -> float32 ``[..., V]``."""
-        return self.target.apply({"params": target_params}, hidden, method=TargetLM.logits)
+    def lm_head(self, target_params, hidden, draft_params=None):
+        """The target's LM head on ``hidden [..., H]`` -> float32 ``[..., V]``; with
+        ``options.draft_vocab``, over the ranking's tokens only (``draft_params["vocab"]``:
+        ``ids [N]`` and their LM-head rows ``[N, H]``), every other logit
+        :data:`OUTSIDE_DRAFT_VOCAB`."""
+        if not self.options.draft_vocab:
+            return self.target.apply({"params": target_params}, hidden, method=TargetLM.logits)
+        if draft_params is None or "vocab" not in draft_params:
+            raise ValueError("draft_vocab is set but the drafter's params have no 'vocab' "
+                             "entry (load the pair with load_pair(..., draft_vocab=N))")
+        ids, rows = draft_params["vocab"]["ids"], draft_params["vocab"]["lm_rows"]
+        sub = jnp.einsum("...h,nh->...n", hidden.astype(rows.dtype), rows,
+                         preferred_element_type=jnp.float32)
+        full = jnp.full(hidden.shape[:-1] + (self.target.config.vocab_size,),
+                        OUTSIDE_DRAFT_VOCAB, jnp.float32)
+        return full.at[..., ids].set(sub, indices_are_sorted=True, unique_indices=True)
 
     def block_inputs(self, target_params, root, start, draft_params=None,
                      slots: int | None = None):
@@ -232,7 +257,7 @@ class BlockDrafter(Drafter):
         hidden, draft_cache = self.block_hidden(
             target_params, draft_params, state.root, state.target_cache.lengths, state.context,
             state.context_len, state.draft_cache)
-        return hidden, self.lm_head(target_params, hidden), draft_cache
+        return hidden, self.lm_head(target_params, hidden, draft_params), draft_cache
 
 
 def _chooser(config):

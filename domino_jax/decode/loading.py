@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 
 from converters.hf_draft import load_draft
 from converters.hf_target import load_target
@@ -99,8 +100,47 @@ def load_pair(target_dir: str, draft_dir: str | None, method: str, dtype=jnp.bfl
         draft_config, draft_params = load_draft(draft_dir, dtype, config=draft_config)
         draft_config, draft_params = draft_decode_layout(
             draft_config, draft_params, target_params, method, fused, head_input_table)
+    draft_vocab = getattr(options, "draft_vocab", 0)
+    if draft_vocab:
+        draft_params = dict(draft_params, vocab=draft_vocab_params(
+            target_config, target_params, read_draft_vocab(draft_dir, draft_vocab,
+                                                           target_config.vocab_size)))
     drafter = make_drafter(draft_config, target, method, options)
     return target, target_params, drafter, draft_params
+
+
+DRAFT_VOCAB_FILE = "draft_vocab.npy"
+
+
+def read_draft_vocab(draft_dir: str, size: int, vocab_size: int) -> np.ndarray:
+    """The ``size`` most frequent tokens of ``draft_dir``'s ranking (``draft_vocab.npy``:
+    token ids, most frequent first; :mod:`domino_jax.train.draft_vocab`), sorted: int32
+    ``[size]``. Raises ``FileNotFoundError`` / ``ValueError`` naming the file."""
+    path = os.path.join(draft_dir, DRAFT_VOCAB_FILE)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"--draft-vocab {size}: {path} is missing (rank the tokens "
+                                "with python -m domino_jax.train.draft_vocab)")
+    ranking = np.load(path)
+    if ranking.ndim != 1 or not np.issubdtype(ranking.dtype, np.integer):
+        raise ValueError(f"{path}: expected a 1-D array of token ids, got {ranking.dtype} "
+                         f"{ranking.shape}")
+    if len(np.unique(ranking)) != len(ranking) or ranking.min() < 0 or (
+            ranking.max() >= vocab_size):
+        raise ValueError(f"{path}: token ids must be distinct and in [0, {vocab_size})")
+    if not 1 <= size <= len(ranking):
+        raise ValueError(f"--draft-vocab {size}: {path} ranks {len(ranking)} tokens")
+    return np.sort(ranking[:size]).astype(np.int32)
+
+
+def draft_vocab_params(target_config, target_params, ids: np.ndarray) -> dict:
+    """The params' ``vocab`` entry for ``BlockOptions.draft_vocab``: ``ids [N]`` and the
+    target's LM-head rows of those tokens ``[N, H]`` (its embedding rows when tied)."""
+    ids = jnp.asarray(ids, jnp.int32)
+    if target_config.tie_word_embeddings:
+        rows = target_params["embed_tokens"]["embedding"][ids]
+    else:
+        rows = target_params["lm_head"]["kernel"][:, ids].T
+    return {"ids": ids, "lm_rows": rows}
 
 
 def draft_decode_layout(draft_config: DraftConfig, draft_params, target_params, method: str,

@@ -357,6 +357,7 @@ def train_phase(args, work: str, out: str, max_seconds: float | None = None) -> 
     schedules fitted to them); cast, split and report."""
     from converters.hf_draft import cast_draft
     from domino_jax.train import __main__ as train_cli
+    from domino_jax.train import draft_vocab
     from domino_jax.train.checkpoint_parts import split_directory
     from domino_jax.train.shard_store import ShardDataset
 
@@ -389,6 +390,8 @@ def train_phase(args, work: str, out: str, max_seconds: float | None = None) -> 
     t1 = time.perf_counter()
     bf16 = os.path.join(run, "draft-bf16")
     cast_draft(os.path.join(run, "draft"), bf16)
+    # the token ranking for --draft-vocab, from the responses the drafter trained on
+    draft_vocab.main([data, "--draft", bf16])
     split_directory(bf16, os.path.join(out, "draft"), part_mib=args.part_mib)
     export_seconds = time.perf_counter() - t1
     with open(os.path.join(run, "curve.json")) as f:
