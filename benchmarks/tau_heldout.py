@@ -47,6 +47,10 @@ def main(argv=None) -> None:
     p.add_argument("--methods", default="dflash,domino")
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--draft-vocab", default="0", metavar="N[,N]",
+                   help="draft over each drafter folder's N most frequent tokens "
+                        "(draft_vocab.npy; docs/design.md §32), one evaluation per N; 0 = the "
+                        "whole vocabulary (default)")
     p.add_argument("--out", default=os.environ.get("OUT") or os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "results"))
     args = p.parse_args(argv)
@@ -57,7 +61,8 @@ def main(argv=None) -> None:
     if args.dtype == "float32":
         jax.config.update("jax_default_matmul_precision", "highest")
     from converters.hf_target import load_target
-    from domino_jax.decode.loading import encode_prompt, load_tokenizer, stop_token_ids
+    from domino_jax.decode.loading import (encode_prompt, load_tokenizer, read_draft_vocab,
+                                           stop_token_ids)
     from domino_jax.models.qwen3 import TargetLM
     from domino_jax.train.evaluate import (HeldoutEvaluator, encode_prompts,
                                            read_eval_prompts)
@@ -75,16 +80,21 @@ def main(argv=None) -> None:
     ids = encode_prompts(texts, lambda t: encode_prompt(tokenizer, t))
     methods = tuple(m for m in args.methods.split(",") if m)
     rows = []
+    sizes = [int(n) for n in args.draft_vocab.split(",") if n]
     for draft_dir in args.draft:
         dconfig, dparams = load_trained_draft(draft_dir, dtype)
-        t0 = time.perf_counter()
-        evaluator = HeldoutEvaluator(target, tparams, dconfig, ids, methods,
-                                     args.max_new_tokens, args.batch_size,
-                                     stop_token_ids(tokenizer, tconfig))
-        taus = evaluator(dparams)
-        seconds = time.perf_counter() - t0
-        rows.append({"draft": draft_dir, "tau": taus, "seconds": round(seconds, 1)})
-        print(json.dumps(rows[-1]), flush=True)
+        for size in sizes:
+            t0 = time.perf_counter()
+            evaluator = HeldoutEvaluator(
+                target, tparams, dconfig, ids, methods, args.max_new_tokens, args.batch_size,
+                stop_token_ids(tokenizer, tconfig),
+                draft_vocab=read_draft_vocab(draft_dir, size, tconfig.vocab_size)
+                if size else None)
+            taus = evaluator(dparams)
+            seconds = time.perf_counter() - t0
+            rows.append({"draft": draft_dir + (f" (draft vocab {size})" if size else ""),
+                         "tau": taus, "seconds": round(seconds, 1)})
+            print(json.dumps(rows[-1]), flush=True)
 
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d_%H%M%S")
     meta = {"date": stamp, "commit": git_commit(), "device": str(jax.devices()[0]),

@@ -151,3 +151,25 @@ def test_load_pair_reads_the_folders_ranking(tmp_path):
                                                                     max_new_tokens=12),
                       drafter=drafter, draft_params=dparams)
     assert result.tokens == reference_greedy(target, params, RAGGED_PROMPTS, 12)
+
+
+def test_heldout_evaluator_drafts_over_the_vocabulary_it_is_given():
+    """``HeldoutEvaluator(draft_vocab=ids)`` (``tau_heldout.py --draft-vocab``): every
+    token id gives the whole vocabulary's taus; few ids give lower ones."""
+    from domino_jax.train.evaluate import HeldoutEvaluator
+
+    pi = permutation(32, seed=0)
+    dcfg = draft_config(32, block=4, gru=32, emb=32)
+    target, params = perm_target(pi, attn_scale=0.0, seed=1)
+    dparams = perm_domino_params(dcfg, pi)
+    prompts = {"a": RAGGED_PROMPTS[:2], "b": RAGGED_PROMPTS[2:]}
+    vocab = target.config.vocab_size
+
+    def taus(ids):
+        return HeldoutEvaluator(target, params, dcfg, prompts, ("domino",), 12,
+                                draft_vocab=ids)(dparams)
+
+    whole = taus(None)
+    assert taus(np.arange(vocab, dtype=np.int32)) == whole
+    few = taus(np.arange(4, dtype=np.int32))
+    assert whole["domino"]["all"] > 3 and few["domino"]["all"] < whole["domino"]["all"]

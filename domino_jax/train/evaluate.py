@@ -196,13 +196,15 @@ class HeldoutEvaluator:
     ``target`` / ``target_params``: the frozen target as trained against (checkpoint
     layout, any dtype; evaluation runs in ``target.dtype``). ``draft_config``: the trained
     drafter's config (checkpoint layout). ``prompts_by_kind``: ``kind -> [token ids]``.
+    ``draft_vocab``: the block methods draft over these token ids only (sorted int32; the
+    decode option ``draft_vocab``, docs/design.md §32); ``None``: the whole vocabulary.
     """
 
     def __init__(self, target, target_params, draft_config: DraftConfig,
                  prompts_by_kind: Mapping[str, Sequence[Sequence[int]]],
                  methods: Sequence[str] | None = None, max_new_tokens: int = 32,
                  batch_size: int | None = None, stop_token_ids: Sequence[int] = (),
-                 fused: bool = True):
+                 fused: bool = True, draft_vocab: np.ndarray | None = None):
         from domino_jax.models.fused_layout import fuse_model
         from domino_jax.models.qwen3 import TargetLM
 
@@ -211,6 +213,7 @@ class HeldoutEvaluator:
         if not prompts_by_kind or not any(prompts_by_kind.values()):
             raise ValueError("no eval prompts")
         self.draft_config, self.fused = draft_config, fused
+        self.draft_vocab = draft_vocab
         self.max_new_tokens, self.stop_token_ids = max_new_tokens, tuple(stop_token_ids)
         config, params = target.config, target_params
         if fused and not config.fused_projections:
@@ -255,6 +258,11 @@ class HeldoutEvaluator:
             else:
                 config, dparams = draft_decode_layout(self.draft_config, params,
                                                       self.target_params, method, self.fused)
+                if self.draft_vocab is not None:
+                    from domino_jax.decode.loading import draft_vocab_params
+                    options = dict(options, draft_vocab=len(self.draft_vocab))
+                    dparams = dict(dparams, vocab=draft_vocab_params(
+                        self.target.config, self.target_params, self.draft_vocab))
                 drafter = make_drafter(config, self.target, method,
                                        method_options(method, **options))
             temperature = split_temperature(name)[1]
