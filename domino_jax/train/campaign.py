@@ -156,33 +156,22 @@ def corpus_mix(corpus_dir: str) -> dict[str, float]:
 
 
 def self_instruct_requests(args, work: str) -> tuple[list[dict], dict]:
-    """``--self-instruct N``: up to N user requests the target writes with the round's seed
-    (:mod:`domino_jax.train.self_instruct`), kept as a corpus would keep them for training
-    (:func:`domino_jax.train.corpus.training_records`: the corpus's filters, no near
-    duplicate of a held-out prompt, no 8-gram of one or of an ``--exclude`` file's text,
-    none held out by the rule), each with its corpus id. Written to ``WORK/round-<r>-self-instruct.jsonl``; returns them and
-    their summary for the round's record (docs/design.md §31)."""
-    from domino_jax.train.corpus import training_records
-    from domino_jax.train.self_instruct import self_instruct_from_dir
+    """``--self-instruct N``: up to N user requests the target writes with the round's seed,
+    kept as a corpus would keep them for training against the held-out split and the
+    ``--exclude`` files (:func:`domino_jax.train.self_instruct.new_requests`), each with its
+    corpus id. Written to ``WORK/round-<r>-self-instruct.jsonl``; returns them and their
+    summary for the round's record (docs/design.md §31)."""
+    from domino_jax.train import self_instruct
 
     t0 = time.perf_counter()
-    target = args.target
-    if target is None:
-        from domino_jax.demo_model import demo_target_dir
-        target = demo_target_dir()
-    written = self_instruct_from_dir(target, args.self_instruct,
-                                     seed=SELF_INSTRUCT_SEEDS * args.round + args.prompt_seed,
-                                     batch_size=args.self_instruct_batch,
-                                     max_new_tokens=args.self_instruct_max_new_tokens)
-    heldout = os.path.join(args.corpus, "heldout.jsonl")
-    kept, rejected = training_records(
-        written, _read_jsonl(heldout), exclude_files=[heldout, *args.exclude],
-        eval_fraction=float(_card(args.corpus).get("eval_fraction", 0.02)))
+    kept, summary = self_instruct.new_requests(
+        args.target, args.self_instruct,
+        seed=SELF_INSTRUCT_SEEDS * args.round + args.prompt_seed,
+        against=[os.path.join(args.corpus, "heldout.jsonl")], exclude=args.exclude,
+        eval_fraction=float(_card(args.corpus).get("eval_fraction", 0.02)),
+        batch_size=args.self_instruct_batch, max_new_tokens=args.self_instruct_max_new_tokens)
     _write_jsonl(kept, os.path.join(work, f"round-{args.round}-self-instruct.jsonl"))
-    summary = {"requested": args.self_instruct, "generated": len(written), "kept": len(kept),
-               "rejected": rejected,
-               "kinds": dict(collections.Counter(r["kind"] for r in kept)),
-               "seconds": round(time.perf_counter() - t0, 1)}
+    summary["seconds"] = round(time.perf_counter() - t0, 1)
     log.info("round %d: self-instruct %s", args.round, summary)
     return kept, summary
 

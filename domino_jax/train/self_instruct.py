@@ -30,6 +30,7 @@ import math
 import os
 import re
 import sys
+from typing import Sequence
 
 from domino_jax.train.corpus_dedup import NearDuplicateIndex, normalise
 
@@ -164,6 +165,32 @@ def self_instruct_from_dir(target_dir: str, num: int, *, seed: int = 0, batch_si
     return self_instruct_prompts(target, params, load_tokenizer(target_dir), num, seed=seed,
                                  batch_size=batch_size, max_new_tokens=max_new_tokens, **options)
 
+def new_requests(target_dir: str | None, num: int, *, seed: int = 0,
+                 against: Sequence[str] = (), exclude: Sequence[str] = (),
+                 eval_fraction: float = 0.0, batch_size: int = 256, max_new_tokens: int = 96,
+                 dtype: str = "bfloat16") -> tuple[list[dict], dict]:
+    """Up to ``num`` requests the target (``target_dir``, default the demo SmolLM2) writes,
+    kept as a corpus keeps training prompts (:func:`domino_jax.train.corpus.training_records`):
+    not a repeat, near copy or 8-gram sharer of a prompt of the ``against`` .jsonl files
+    (e.g. a held-out split), no 8-gram of an ``exclude`` file's text, none held out by the
+    id rule at ``eval_fraction``. Returns the kept records (with their corpus ids) and a
+    summary: requested, generated, kept, rejected (by reason) and kinds."""
+    from domino_jax.train.corpus import training_records
+    from domino_jax.train.corpus_dedup import iter_jsonl
+
+    if target_dir is None:
+        from domino_jax.demo_model import demo_target_dir
+        target_dir = demo_target_dir()
+    written = self_instruct_from_dir(target_dir, num, seed=seed, batch_size=batch_size,
+                                     max_new_tokens=max_new_tokens, dtype=dtype)
+    taken = [r for path in against for _, r in iter_jsonl(path)]
+    kept, rejected = training_records(written, taken, eval_fraction=eval_fraction,
+                                      exclude_files=[*against, *exclude])
+    kinds: dict[str, int] = {}
+    for r in kept:
+        kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
+    return kept, {"requested": num, "generated": len(written), "kept": len(kept),
+                  "rejected": rejected, "kinds": kinds}
 
 
 def main(argv=None) -> int:
@@ -186,19 +213,9 @@ def main(argv=None) -> int:
     for path in args.against:
         if not os.path.isfile(path):
             p.error(f"--against {path!r}: no such file")
-    from domino_jax.train.corpus import training_records
-    from domino_jax.train.corpus_dedup import iter_jsonl
-
-    target = args.target
-    if target is None:
-        from domino_jax.demo_model import demo_target_dir
-        target = demo_target_dir()
-    written = self_instruct_from_dir(target, args.num, seed=args.seed,
-                                     batch_size=args.batch_size,
-                                     max_new_tokens=args.max_new_tokens, dtype=args.dtype)
-    taken = [r for path in args.against for _, r in iter_jsonl(path)]
-    kept, rejected = training_records(written, taken, eval_fraction=0.0,
-                                      exclude_files=args.against)
+    kept, summary = new_requests(args.target, args.num, seed=args.seed, against=args.against,
+                                 batch_size=args.batch_size,
+                                 max_new_tokens=args.max_new_tokens, dtype=args.dtype)
     kept = kept[:args.keep]
     with open(args.out, "w") as f:
         for r in kept:
@@ -206,8 +223,8 @@ def main(argv=None) -> int:
                 r = {"id": r["id"], "kind": args.kind, "source": r["source"],
                      "guessed_kind": r["kind"], "prompt": r["prompt"]}
             f.write(json.dumps(r) + "\n")
-    print(json.dumps({"out": args.out, "written": len(written), "kept": len(kept),
-                      "rejected": rejected}))
+    print(json.dumps({"out": args.out, "written": summary["generated"], "kept": len(kept),
+                      "rejected": summary["rejected"]}))
     return 0
 
 
