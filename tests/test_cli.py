@@ -90,29 +90,18 @@ def test_attention_flag_reaches_load_pair(monkeypatch, capsys, stand_in_tokenize
     assert "invalid choice: 'flash'" in capsys.readouterr().err
 
 
-def test_draft_vocab_flag(monkeypatch, capsys, stand_in_tokenizer, tmp_path):
-    """``--draft-vocab``: a number reaches the block drafters' options; ``auto`` (default)
-    is 8192 on a CPU when the folder ranks more tokens than that, else 0; a method without a
-    drafter refuses a number, and a word that is not ``auto`` is refused by the parser."""
-    import shutil
-
-    import numpy as np
-
-    from domino_jax.decode import __main__ as cli
-
+def test_draft_vocab_flag(monkeypatch, capsys, stand_in_tokenizer):
+    """``--draft-vocab``: ``auto`` (default; ``load_pair`` chooses, tests/test_draft_vocab.py)
+    or a number reaches the block drafters' options; a method without a drafter refuses a
+    number, and a word that is not ``auto`` is refused by the parser."""
     seen = _spy_load_pair(monkeypatch, "options")
     target = os.path.join(FIX, "domino_shift", "target")
-    draft = tmp_path / "draft"
-    shutil.copytree(os.path.join(FIX, "domino_shift", "draft"), draft)
-    pair = ["--target", target, "--draft", str(draft)]
-    for method, extra, expected in (("domino", [], 0), ("dflash", ["--draft-vocab", "7"], 7),
+    pair = ["--target", target, "--draft", os.path.join(FIX, "domino_shift", "draft")]
+    for method, extra, expected in (("domino", [], "auto"),
+                                    ("dflash", ["--draft-vocab", "7"], 7),
                                     ("dominotree", ["--draft-vocab", "0"], 0)):
         assert main(pair + ["--method", method] + extra) == 2
         assert seen[-1].draft_vocab == expected, (method, extra)
-    np.save(draft / "draft_vocab.npy", np.arange(cli.CPU_DRAFT_VOCAB + 1))  # on this CPU
-    assert main(pair) == 2 and seen[-1].draft_vocab == cli.CPU_DRAFT_VOCAB
-    np.save(draft / "draft_vocab.npy", np.arange(cli.CPU_DRAFT_VOCAB))
-    assert cli.auto_draft_vocab(str(draft)) == 0            # no fewer tokens than it ranks
     assert main(["--target", target, "--method", "ar", "--draft-vocab", "5"]) == 2
     assert "--draft-vocab is not an option of --method ar" in capsys.readouterr().err
     with pytest.raises(SystemExit):

@@ -443,9 +443,9 @@ def test_cli_self_instruct_with_saved_tiny_target(tmp_path, capsys):
 
 def test_self_instruct_command_keeps_requests_against_a_held_out_file(tmp_path, monkeypatch,
                                                                      capsys):
-    """``python -m domino_jax.train.self_instruct``: what the target wrote, kept as training
+    """``python -m domino_jax.train.user_requests``: what the target wrote, kept as training
     prompts would be against ``--against``, the first ``--keep``, relabelled ``--kind``."""
-    from domino_jax.train import self_instruct
+    from domino_jax.train import self_instruct, user_requests
     from domino_jax.train.self_instruct import guess_kind
 
     held = tmp_path / "heldout.jsonl"
@@ -458,7 +458,7 @@ def test_self_instruct_command_keeps_requests_against_a_held_out_file(tmp_path, 
         calls.append((target, num, kw)) or
         [{"kind": guess_kind(t), "source": "self_instruct", "prompt": t} for t in texts]))
     out = tmp_path / "requests.jsonl"
-    assert self_instruct.main(["--out", str(out), "--num", "4", "--keep", "2", "--seed", "7",
+    assert user_requests.main(["--out", str(out), "--num", "4", "--keep", "2", "--seed", "7",
                                "--against", str(held), "--kind", "request", "--target",
                                "T", "--dtype", "float32"]) == 0
     (target, num, kw), = calls
@@ -469,4 +469,4 @@ def test_self_instruct_command_keeps_requests_against_a_held_out_file(tmp_path, 
     assert [r["id"] for r in records] == [prompt_id(t) for t in texts[1:3]]
     assert json.loads(capsys.readouterr().out)["kept"] == 2
     with pytest.raises(SystemExit):
-        self_instruct.main(["--out", str(out), "--num", "1", "--against", str(tmp_path / "x")])
+        user_requests.main(["--out", str(out), "--num", "1", "--against", str(tmp_path / "x")])

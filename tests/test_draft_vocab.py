@@ -127,7 +127,7 @@ def test_the_restriction_bites_on_a_permutation_target():
     assert taus[32] == cfg.k_draft + 1 and taus[24] < taus[32], taus
 
 
-def test_load_pair_reads_the_folders_ranking(tmp_path):
+def test_load_pair_reads_the_folders_ranking(tmp_path, monkeypatch):
     folder = os.path.join(FIXTURES, "domino_shift")
     draft = tmp_path / "draft"
     shutil.copytree(os.path.join(folder, "draft"), draft)
@@ -143,6 +143,21 @@ def test_load_pair_reads_the_folders_ranking(tmp_path):
     np.save(draft / DRAFT_VOCAB_FILE, np.arange(vocab)[::-1].astype(np.int32))
     with pytest.raises(ValueError, match=f"ranks {vocab} tokens"):
         read_draft_vocab(str(draft), vocab + 1, vocab)
+    # "auto": the whole vocabulary unless the ranking holds more than CPU_DRAFT_VOCAB tokens
+    # (on a CPU; off on other devices)
+    from domino_jax.decode import loading
+
+    assert loading.auto_draft_vocab(str(draft)) == 0               # vocab <= 8192 tokens
+    _, _, drafter, dparams = load_pair(os.path.join(folder, "target"), str(draft), "domino",
+                                       jnp.float32, draft_vocab="auto")
+    assert drafter.options.draft_vocab == 0 and "vocab" not in dparams
+    monkeypatch.setattr(loading, "CPU_DRAFT_VOCAB", 8)
+    _, _, drafter, dparams = load_pair(os.path.join(folder, "target"), str(draft), "domino",
+                                       jnp.float32, draft_vocab="auto")
+    assert drafter.options.draft_vocab == 8 and len(dparams["vocab"]["ids"]) == 8
+    with pytest.raises(ValueError, match="chosen when the pair is loaded"):
+        make_drafter(drafter.config, drafter.target, "domino",
+                     method_options("domino", draft_vocab="auto")).lm_head(None, None)
     target, params, drafter, dparams = load_pair(os.path.join(folder, "target"), str(draft),
                                                  "domino", jnp.float32, draft_vocab=8)
     assert drafter.options.draft_vocab == 8

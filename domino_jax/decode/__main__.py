@@ -29,7 +29,6 @@ from domino_jax.pallas import (ATTENTION_IMPLEMENTATIONS, DEFAULT_PREFILL_CHUNK,
 DEFAULT_PROMPT = "Explain in three sentences why the sky is blue."
 DEFAULT_WIDTH = "auto"       # --draft-length / --budget of block drafters
 DEFAULT_ADAPTIVE_LOOKUP = "on"    # --adaptive-lookup (docs/design.md §12)
-CPU_DRAFT_VOCAB = 8192       # --draft-vocab auto on a CPU (docs/design.md §32)
 log = logging.getLogger("domino_jax.decode")
 
 
@@ -164,8 +163,8 @@ def add_decode_arguments(p: argparse.ArgumentParser) -> None:
                         "tokens of its folder's draft_vocab.npy ranking (cheaper drafting "
                         "where the LM head is a large part of it, as for a small model on a "
                         "CPU; a rarer token is never drafted; still lossless); 0 = the whole "
-                        f"vocabulary. 'auto' (default): {CPU_DRAFT_VOCAB} on a CPU when the "
-                        "folder has the ranking, else 0 (docs/design.md §32)")
+                        "vocabulary. 'auto' (default): 8192 on a CPU when the folder has the "
+                        "ranking, else 0 (docs/design.md §32)")
     p.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
                    help="split the target and the drafter over N devices (attention heads, "
                         "MLP columns, vocabulary; N must divide the head counts); loads the "
@@ -301,9 +300,6 @@ def load_decoder(args, before_load=None) -> Decoder:
     if not drafter_cls.needs_checkpoint and args.draft:
         raise ValueError(f"--method {method} uses no drafter checkpoint: drop --draft")
     uses_draft = drafter_cls.needs_checkpoint
-    if args.draft_vocab == "auto" and "draft_vocab" in {
-            f.name for f in dataclasses.fields(drafter_cls.Options)}:
-        args.draft_vocab = auto_draft_vocab(draft_dir)
     options = method_options(method, **_given_options(args, drafter_cls.Options))
     auto = _adaptive_widths(args, drafter_cls, options)
     prefill = PrefillConfig(chunk=args.prefill_chunk, attention=args.prefill_attention)
@@ -394,20 +390,6 @@ def _auto_or_count(value: str):
         return int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected auto or a number, got {value!r}") from None
-
-
-def auto_draft_vocab(draft_dir: str) -> int:
-    """``--draft-vocab auto``: :data:`CPU_DRAFT_VOCAB` tokens on a CPU when ``draft_dir``
-    has a ranking of more tokens than that, else 0 (the whole vocabulary)."""
-    import jax
-    import numpy as np
-
-    from domino_jax.decode.loading import DRAFT_VOCAB_FILE
-
-    path = os.path.join(draft_dir, DRAFT_VOCAB_FILE)
-    if jax.default_backend() != "cpu" or not os.path.isfile(path):
-        return 0
-    return CPU_DRAFT_VOCAB if len(np.load(path, mmap_mode="r")) > CPU_DRAFT_VOCAB else 0
 
 
 def _on_off(value: str) -> bool:

@@ -59,12 +59,14 @@ class BlockOptions:
     checkpoint's ranking (``draft_vocab.npy``, :mod:`domino_jax.train.draft_vocab`; the
     params' ``vocab`` entry, :func:`~domino_jax.decode.loading.load_pair`): a draft is never
     another token, so the drafts change where the target's token is rare (verified:
-    lossless); 0 = the whole vocabulary, the reference's drafts (docs/design.md §32)."""
+    lossless); 0 = the whole vocabulary, the reference's drafts; ``"auto"`` (the CLI's
+    default): chosen by :func:`~domino_jax.decode.loading.load_pair` for the device and the
+    folder (docs/design.md §32)."""
 
     context_window: int | None = None
     draft_length: int | str = 0
     trim_block: bool = False
-    draft_vocab: int = 0
+    draft_vocab: int | str = 0
 
     def __post_init__(self):
         if self.context_window is not None and self.context_window < 1:
@@ -74,9 +76,10 @@ class BlockOptions:
                                           or self.draft_length < 0):
             raise ValueError(f"draft length (--draft-length) must be 'auto' or >= 1 (0 = the "
                              f"whole block), got {self.draft_length!r}")
-        if self.draft_vocab < 0:
-            raise ValueError(f"draft vocabulary (--draft-vocab) must be >= 1 tokens (0 = the "
-                             f"whole vocabulary), got {self.draft_vocab}")
+        if self.draft_vocab != AUTO and (isinstance(self.draft_vocab, str)
+                                         or self.draft_vocab < 0):
+            raise ValueError(f"draft vocabulary (--draft-vocab) must be 'auto' or >= 1 tokens "
+                             f"(0 = the whole vocabulary), got {self.draft_vocab!r}")
 
     @property
     def adaptive(self) -> bool:
@@ -180,6 +183,9 @@ class BlockDrafter(Drafter):
         ``options.draft_vocab``, over the ranking's tokens only (``draft_params["vocab"]``:
         ``ids [N]`` and their LM-head rows ``[N, H]``), every other logit
         :data:`OUTSIDE_DRAFT_VOCAB`."""
+        if self.options.draft_vocab == AUTO:
+            raise ValueError("draft_vocab 'auto' is chosen when the pair is loaded "
+                             "(load_pair); give a number here")
         if not self.options.draft_vocab:
             return self.target.apply({"params": target_params}, hidden, method=TargetLM.logits)
         if draft_params is None or "vocab" not in draft_params:

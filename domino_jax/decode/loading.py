@@ -9,6 +9,7 @@ prompt encoding and stop tokens live in :mod:`domino_jax.text`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -101,6 +102,9 @@ def load_pair(target_dir: str, draft_dir: str | None, method: str, dtype=jnp.bfl
         draft_config, draft_params = draft_decode_layout(
             draft_config, draft_params, target_params, method, fused, head_input_table)
     draft_vocab = getattr(options, "draft_vocab", 0)
+    if draft_vocab == "auto":
+        draft_vocab = auto_draft_vocab(draft_dir)
+        options = dataclasses.replace(options, draft_vocab=draft_vocab)
     if draft_vocab:
         draft_params = dict(draft_params, vocab=draft_vocab_params(
             target_config, target_params, read_draft_vocab(draft_dir, draft_vocab,
@@ -110,6 +114,18 @@ def load_pair(target_dir: str, draft_dir: str | None, method: str, dtype=jnp.bfl
 
 
 DRAFT_VOCAB_FILE = "draft_vocab.npy"
+CPU_DRAFT_VOCAB = 8192       # draft_vocab "auto" on a CPU (docs/design.md §32)
+
+
+def auto_draft_vocab(draft_dir: str) -> int:
+    """``draft_vocab="auto"``: :data:`CPU_DRAFT_VOCAB` tokens on a CPU when ``draft_dir`` has
+    a ranking of more tokens than that, else 0 (the whole vocabulary)."""
+    import jax
+
+    path = os.path.join(draft_dir, DRAFT_VOCAB_FILE)
+    if jax.default_backend() != "cpu" or not os.path.isfile(path):
+        return 0
+    return CPU_DRAFT_VOCAB if len(np.load(path, mmap_mode="r")) > CPU_DRAFT_VOCAB else 0
 
 
 def read_draft_vocab(draft_dir: str, size: int, vocab_size: int) -> np.ndarray:

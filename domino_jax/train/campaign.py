@@ -158,13 +158,13 @@ def corpus_mix(corpus_dir: str) -> dict[str, float]:
 def self_instruct_requests(args, work: str) -> tuple[list[dict], dict]:
     """``--self-instruct N``: up to N user requests the target writes with the round's seed,
     kept as a corpus would keep them for training against the held-out split and the
-    ``--exclude`` files (:func:`domino_jax.train.self_instruct.new_requests`), each with its
+    ``--exclude`` files (:func:`domino_jax.train.user_requests.new_requests`), each with its
     corpus id. Written to ``WORK/round-<r>-self-instruct.jsonl``; returns them and their
     summary for the round's record (docs/design.md §31)."""
-    from domino_jax.train import self_instruct
+    from domino_jax.train.user_requests import new_requests
 
     t0 = time.perf_counter()
-    kept, summary = self_instruct.new_requests(
+    kept, summary = new_requests(
         args.target, args.self_instruct,
         seed=SELF_INSTRUCT_SEEDS * args.round + args.prompt_seed,
         against=[os.path.join(args.corpus, "heldout.jsonl")], exclude=args.exclude,
