@@ -47,7 +47,7 @@ def test_ranking_from_shards(tmp_path, capsys):
     ranking = draft_vocab.rank_tokens(counts)
     assert ranking[:3].tolist() == [5, 3, 7] and sorted(ranking) == list(range(12))
     assert draft_vocab.coverage(counts, ranking, (1, 3)) == {1: round(3 / 7, 4), 3: 1.0}
-    with pytest.raises(ValueError, match="outside"):
+    with pytest.raises(ValueError, match="a response has a token id outside"):
         draft_vocab.token_counts([str(tmp_path / "shards")], 6)
 
     folder = tmp_path / "draft"

@@ -380,7 +380,8 @@ def train_phase(args, work: str, out: str, max_seconds: float | None = None) -> 
     bf16 = os.path.join(run, "draft-bf16")
     cast_draft(os.path.join(run, "draft"), bf16)
     # the token ranking for --draft-vocab, from the responses the drafter trained on
-    draft_vocab.main([data, "--draft", bf16])
+    log.info("round %d: token ranking %s", args.round,
+             json.dumps(draft_vocab.write_ranking([data], bf16)))
     split_directory(bf16, os.path.join(out, "draft"), part_mib=args.part_mib)
     export_seconds = time.perf_counter() - t1
     with open(os.path.join(run, "curve.json")) as f:

@@ -32,13 +32,11 @@ def token_counts(shards_dirs: Sequence[str], vocab_size: int) -> np.ndarray:
     counts = np.zeros(vocab_size, np.int64)
     for folder in shards_dirs:
         data = ShardDataset(folder)
-        for i in range(len(data)):
-            example = data[i]
-            response = example["input_ids"][example["loss_mask"] == 1]
-            if len(response) and (response.min() < 0 or response.max() >= vocab_size):
-                raise ValueError(f"{folder}: example {i} has a token id outside "
-                                 f"[0, {vocab_size})")
-            counts += np.bincount(response, minlength=vocab_size)
+        responses = [data[i]["input_ids"][data[i]["loss_mask"] == 1] for i in range(len(data))]
+        tokens = np.concatenate(responses) if responses else np.zeros(0, np.int32)
+        if len(tokens) and (tokens.min() < 0 or tokens.max() >= vocab_size):
+            raise ValueError(f"{folder}: a response has a token id outside [0, {vocab_size})")
+        counts += np.bincount(tokens, minlength=vocab_size)
     return counts
 
 
@@ -55,6 +53,21 @@ def coverage(counts: np.ndarray, ranking: np.ndarray,
     return {n: round(float(cumulative[min(n, len(ranking)) - 1]) / total, 4) for n in sizes}
 
 
+def write_ranking(shards_dirs: Sequence[str], draft_dir: str) -> dict:
+    """Rank the tokens of ``shards_dirs``' responses for the drafter in ``draft_dir`` (its
+    config's vocabulary) and write ``draft_dir/draft_vocab.npy``; returns a summary
+    (the file, response tokens counted, distinct tokens seen, :func:`coverage`)."""
+    from domino_jax.config import DraftConfig
+    from domino_jax.decode.loading import DRAFT_VOCAB_FILE
+
+    counts = token_counts(shards_dirs, DraftConfig.from_path(draft_dir).vocab_size)
+    ranking = rank_tokens(counts)
+    out = os.path.join(draft_dir, DRAFT_VOCAB_FILE)
+    np.save(out, ranking)
+    return {"out": out, "response_tokens": int(counts.sum()),
+            "tokens_seen": int((counts > 0).sum()), "coverage": coverage(counts, ranking)}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m domino_jax.train.draft_vocab",
                                 description="Rank a drafter's tokens by their frequency in "
@@ -63,8 +76,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--draft", required=True,
                    help="the drafter folder (config.json); draft_vocab.npy is written there")
     args = p.parse_args(argv)
-    from domino_jax.config import DraftConfig
-    from domino_jax.decode.loading import DRAFT_VOCAB_FILE
     from domino_jax.train.shard_store import is_shard_dir
 
     for folder in args.shards:
@@ -72,13 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.error(f"{folder!r} is not a shards directory (no manifest.json)")
     if not os.path.isfile(os.path.join(args.draft, "config.json")):
         p.error(f"--draft {args.draft!r}: no config.json there")
-    counts = token_counts(args.shards, DraftConfig.from_path(args.draft).vocab_size)
-    ranking = rank_tokens(counts)
-    out = os.path.join(args.draft, DRAFT_VOCAB_FILE)
-    np.save(out, ranking)
-    print(json.dumps({"out": out, "response_tokens": int(counts.sum()),
-                      "tokens_seen": int((counts > 0).sum()),
-                      "coverage": coverage(counts, ranking)}))
+    print(json.dumps(write_ranking(args.shards, args.draft)))
     return 0
 
 
